@@ -1,0 +1,5 @@
+"""``python -m cleveragents``: the CLI."""
+
+from cleveragents.cli import main
+
+main()

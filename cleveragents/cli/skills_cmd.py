@@ -1,0 +1,149 @@
+"""``cleveragents skills``: list, show and check catalogues."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from cleveragents.cli.render import CliFailure, console, err_console, print_json
+from cleveragents.errors import SkillNotFoundError, SkillResolutionError
+from cleveragents.settings import Settings
+from cleveragents.skills import Catalogue, SkillDefinition
+
+__all__ = ["skills"]
+
+
+def _load(paths: tuple[str, ...]) -> Catalogue:
+    return Catalogue.from_paths(*(paths or Settings.from_env().catalogue_paths))
+
+
+def _warn_problems(catalogue: Catalogue) -> None:
+    for problem in catalogue.errors:
+        err_console.print(f"[yellow]warning:[/] {problem}", markup=True, highlight=False)
+
+
+@click.group()
+def skills() -> None:
+    """Inspect the skill catalogue (CLEVERAGENTS_CATALOGUE, or the bundled examples)."""
+
+
+@skills.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array of SkillMetadata.")
+@click.option(
+    "--catalogue",
+    "paths",
+    multiple=True,
+    type=click.Path(),
+    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
+)
+def list_skills(as_json: bool, paths: tuple[str, ...]) -> None:
+    """List the skills that resolve, one row a skill."""
+    catalogue = _load(paths)
+    _warn_problems(catalogue)
+    metadata = catalogue.list()
+    if as_json:
+        print_json(metadata)
+        return
+    table = Table(title=f"{len(metadata)} skills", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    for column in ("version", "tools", "writes", "sources", "description"):
+        table.add_column(column)
+    for meta in metadata:
+        table.add_row(
+            meta.name,
+            meta.version,
+            str(meta.tool_count),
+            "yes" if meta.writes else "no",
+            ",".join(meta.source_types),
+            meta.description,
+        )
+    console.print(table)
+
+
+def _show_table(definition: SkillDefinition) -> None:
+    meta = definition.metadata
+    console.print(f"[bold]{meta.name}[/] {meta.version}  {meta.description}")
+    console.print(
+        f"{meta.tool_count} tools; writes: {'yes' if meta.writes else 'no'}; "
+        f"read-only: {'yes' if meta.read_only else 'no'}; includes: "
+        f"{', '.join(definition.skill.includes) or '-'}"
+    )
+    table = Table()
+    table.add_column("tool", no_wrap=True)
+    for column in ("source", "access", "timeout", "from", "description"):
+        table.add_column(column)
+    for entry in definition.resolved_tools:
+        tool = entry.tool
+        access = "writes" if tool.writes else "side effects" if tool.side_effects else "read"
+        table.add_row(
+            tool.name,
+            tool.source,
+            access,
+            f"{tool.timeout_s:g}s" if tool.timeout_s else "-",
+            " > ".join(entry.via) or "(own)",
+            tool.description,
+        )
+    console.print(table)
+
+
+@skills.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the SkillDefinition as JSON.")
+@click.option(
+    "--catalogue",
+    "paths",
+    multiple=True,
+    type=click.Path(),
+    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
+)
+def show_skill(name: str, as_json: bool, paths: tuple[str, ...]) -> None:
+    """Show one resolved skill with all its tools."""
+    catalogue = _load(paths)
+    try:
+        definition = catalogue.resolve(name)
+    except SkillNotFoundError as exc:
+        raise CliFailure(str(exc), exit_code=2) from None
+    except SkillResolutionError as exc:
+        raise CliFailure(
+            f"{name} does not resolve ({exc.error_type}): {exc}", exit_code=1
+        ) from None
+    if as_json:
+        print_json(definition)
+    else:
+        _show_table(definition)
+
+
+@skills.command("check")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the problems as one JSON object.")
+def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
+    """Validate a catalogue; list every problem and exit 1 when there is any."""
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise CliFailure(f"no such file or folder: {', '.join(missing)}", exit_code=2)
+    catalogue = _load(paths)
+    problems = catalogue.errors
+    if as_json:
+        print_json(
+            {
+                "ok": not problems,
+                "skills": catalogue.names,
+                "problems": [
+                    {
+                        "where": p.where,
+                        "reason": p.reason,
+                        "error_type": str(p.error_type) if p.error_type else None,
+                    }
+                    for p in problems
+                ],
+            }
+        )
+    else:
+        for problem in problems:
+            click.echo(f"{problem.where}: {problem.reason}")
+        verdict = "ok" if not problems else f"{len(problems)} problem(s)"
+        click.echo(f"{len(catalogue)} skills resolve; {verdict}", err=bool(problems))
+    if problems:
+        raise click.exceptions.Exit(1)

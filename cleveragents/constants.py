@@ -1,0 +1,29 @@
+"""Names and limits shared by producers, workers and the CLI: one place, one comment each."""
+
+from __future__ import annotations
+
+#: The Celery task that runs one invocation (SPEC section 5).
+TASK_INVOKE = "skills.invoke"
+#: The Celery task that runs a chunk of batch invocations, one stored result each.
+TASK_INVOKE_CHUNK = "skills.invoke_chunk"
+
+#: Interactive invocations that may not write: every worker consumes it.
+QUEUE_READ = "skills.read"
+#: Invocations that allow writes: only workers trusted to write consume it.
+QUEUE_WRITE = "skills.write"
+#: Chunks of batch invocations, kept apart so a batch never starves interactive work.
+QUEUE_BATCH = "skills.batch"
+#: Batch chunks that allow writes.
+QUEUE_BATCH_WRITE = "skills.batch.write"
+
+#: Prefix of the keys where batch bookkeeping lives in the result backend's Redis.
+BATCH_KEY_PREFIX = "cleveragents:batch:"
+#: Prefix of the at-most-once markers of write-capable, non-idempotent invocations.
+CLAIM_KEY_PREFIX = "cleveragents:claim:"
+
+#: Largest request accepted, in bytes of its JSON (arguments included).
+MAX_REQUEST_BYTES = 1_000_000
+#: Largest stderr tail kept in a command tool's failure details, in characters.
+STDERR_TAIL_CHARS = 2_000
+#: Placeholder shown instead of arguments in Flower and logs.
+REDACTED = "[redacted]"

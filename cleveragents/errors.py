@@ -1,0 +1,105 @@
+"""The library's exceptions.
+
+Every error the library raises on purpose carries the ``SkillErrorType`` it
+stands for, so that ``map_tool_error`` never has to guess from message text::
+
+    CleverAgentsError                      root of everything raised here
+    ├── SkillResolutionError (ValueError)  a skill could not be resolved
+    │   ├── SkillNotFoundError             skill_not_found
+    │   ├── IncludeCycleError              cycle_detected
+    │   ├── ResolutionFailure              resolution_failure
+    │   └── ReadOnlyViolation              validation_error
+    ├── SchemaValidationError (ValueError) validation_error
+    ├── ToolActivationError                tool_activation_failure
+    ├── ToolExecutionError                 tool_execution_failure
+    ├── WriteRefused (PermissionError)     permission_denied
+    └── ConfigurationError                 bad settings or usage (never crosses the wire)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cleveragents.error_types import SkillErrorType
+
+__all__ = [
+    "CleverAgentsError",
+    "ConfigurationError",
+    "IncludeCycleError",
+    "ReadOnlyViolation",
+    "ResolutionFailure",
+    "SchemaValidationError",
+    "SkillNotFoundError",
+    "SkillResolutionError",
+    "ToolActivationError",
+    "ToolExecutionError",
+    "WriteRefused",
+]
+
+
+class CleverAgentsError(Exception):
+    """Raised for every error the library raises on purpose."""
+
+    error_type: SkillErrorType = SkillErrorType.TOOL_EXECUTION_FAILURE
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details: dict[str, Any] = dict(details or {})
+
+
+class SkillResolutionError(CleverAgentsError, ValueError):
+    """Raised when a skill cannot be resolved into a ``SkillDefinition``."""
+
+    error_type = SkillErrorType.RESOLUTION_FAILURE
+
+
+class SkillNotFoundError(SkillResolutionError):
+    """Raised when a requested skill is not in the catalogue."""
+
+    error_type = SkillErrorType.SKILL_NOT_FOUND
+
+
+class IncludeCycleError(SkillResolutionError):
+    """Raised when a skill's includes lead back to a skill on the current path."""
+
+    error_type = SkillErrorType.CYCLE_DETECTED
+
+
+class ResolutionFailure(SkillResolutionError):
+    """Raised for a missing include, a tool-name clash, or a tool outside the skill."""
+
+    error_type = SkillErrorType.RESOLUTION_FAILURE
+
+
+class ReadOnlyViolation(SkillResolutionError):
+    """Raised when a skill asserting ``read_only: true`` reaches a write-capable tool."""
+
+    error_type = SkillErrorType.VALIDATION_ERROR
+
+
+class SchemaValidationError(CleverAgentsError, ValueError):
+    """Raised when arguments, output or a request fail validation."""
+
+    error_type = SkillErrorType.VALIDATION_ERROR
+
+
+class ToolActivationError(CleverAgentsError):
+    """Raised when a tool cannot be made ready to run (import or lookup failed)."""
+
+    error_type = SkillErrorType.TOOL_ACTIVATION_FAILURE
+
+
+class ToolExecutionError(CleverAgentsError):
+    """Raised when a tool fails while it runs (crash, exit code, time-out, bad output)."""
+
+    error_type = SkillErrorType.TOOL_EXECUTION_FAILURE
+
+
+class WriteRefused(CleverAgentsError, PermissionError):
+    """Raised when a gate refuses a write-capable tool before it starts."""
+
+    error_type = SkillErrorType.PERMISSION_DENIED
+
+
+class ConfigurationError(CleverAgentsError):
+    """Raised when settings or command-line usage are invalid."""

@@ -1,0 +1,1 @@
+"""The tool runtime: the one place where tools run."""

@@ -1,0 +1,92 @@
+"""Settings read from the environment, in one place (SPEC section 7)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cleveragents.errors import ConfigurationError
+
+__all__ = ["Settings", "bundled_examples_path"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def bundled_examples_path() -> Path:
+    """The example catalogue shipped with the package."""
+    import examples  # the bundled example package, installed beside cleveragents
+
+    return Path(examples.__file__).resolve().parent
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigurationError(f"{name} must be 1 or 0, got {raw!r}")
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting the library reads from the environment."""
+
+    broker_url: str | None
+    result_backend: str | None
+    catalogue_paths: tuple[str, ...]
+    read_only: bool
+    home: Path
+    default_timeout_s: float
+    log_format: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read settings from ``env`` (the process environment by default)."""
+        env = os.environ if env is None else env
+        home = Path(env.get("CLEVERAGENTS_HOME") or "./.cleveragents").expanduser()
+        raw_catalogue = env.get("CLEVERAGENTS_CATALOGUE", "").strip()
+        if raw_catalogue:
+            paths = tuple(p for p in raw_catalogue.split(os.pathsep) if p)
+        elif Path("skills").is_dir():
+            paths = (str(Path("skills").resolve()),)
+        else:
+            paths = (str(bundled_examples_path()),)
+        log_format = (env.get("CLEVERAGENTS_LOG_FORMAT") or "text").strip().lower()
+        if log_format not in ("text", "json"):
+            raise ConfigurationError(
+                f"CLEVERAGENTS_LOG_FORMAT must be text or json, got {log_format!r}"
+            )
+        return cls(
+            broker_url=(env.get("CLEVERAGENTS_BROKER_URL") or "").strip() or None,
+            result_backend=(env.get("CLEVERAGENTS_RESULT_BACKEND") or "").strip() or None,
+            catalogue_paths=paths,
+            read_only=_flag(env, "CLEVERAGENTS_READ_ONLY", False),
+            home=home,
+            default_timeout_s=_positive_float(env, "CLEVERAGENTS_DEFAULT_TIMEOUT_S", 300.0),
+            log_format=log_format,
+        )
+
+    @property
+    def embedded(self) -> bool:
+        """True when no broker is configured: the on-disk embedded default is used."""
+        return self.broker_url is None

@@ -1,0 +1,1 @@
+"""The bundled example catalogue: skill files under ``skills/`` and the tools they run."""

@@ -1,0 +1,1 @@
+"""Celery tasks: thin adapters from a wire request to the runtime and back."""

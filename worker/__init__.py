@@ -1,0 +1,1 @@
+"""The Celery application: ``celery -A worker worker`` starts a skill worker."""
