@@ -1,0 +1,228 @@
+"""``invoke``: one request in, one ``SkillResult`` out, whatever happens in between."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from cleveragents.constants import MAX_REQUEST_BYTES
+from cleveragents.error_types import SkillErrorType
+from cleveragents.errors import SchemaValidationError, ToolExecutionError
+from cleveragents.runtime.command_tool import run_command_tool
+from cleveragents.runtime.deadline import ToolTimeout
+from cleveragents.runtime.gating import check_write_gates
+from cleveragents.runtime.output import ToolOutput
+from cleveragents.runtime.python_tool import run_python_tool
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.runtime.validation import validate
+from cleveragents.skills import (
+    Catalogue,
+    ResolvedToolEntry,
+    SkillDefinition,
+    SkillError,
+    SkillResult,
+    map_tool_error,
+)
+
+__all__ = ["DEFAULT_TIMEOUT_S", "effective_timeout", "invoke", "parse_request"]
+
+#: A tool's timeout when neither the tool nor the request sets one (CLEVERAGENTS_DEFAULT_TIMEOUT_S).
+DEFAULT_TIMEOUT_S = 300.0
+_ACTIONS = frozenset({"created", "changed", "deleted"})
+
+
+def _named(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _failure(
+    skill: str, tool: str, error: SkillError, started: float, **fields: Any
+) -> SkillResult:
+    return SkillResult(
+        skill_name=skill,
+        tool_name=tool,
+        success=False,
+        error=error,
+        duration_ms=(time.perf_counter() - started) * 1000,
+        **fields,
+    )
+
+
+def _invalid_request(raw: Any, reason: str, details: dict[str, Any], started: float) -> SkillResult:
+    fields = raw if isinstance(raw, Mapping) else {}
+    skill, tool = _named(fields.get("skill")), _named(fields.get("tool"))
+    error = SkillError(
+        error_type=SkillErrorType.VALIDATION_ERROR,
+        message=reason,
+        details=details,
+        skill_name=skill,
+        tool_name=tool or None,
+    )
+    return _failure(skill, tool, error, started)
+
+
+def _describe(exc: ValidationError) -> tuple[str, list[dict[str, str]]]:
+    problems = [
+        {"path": ".".join(str(p) for p in e["loc"]) or "request", "message": e["msg"]}
+        for e in exc.errors(include_url=False)
+    ]
+    return "invalid request: " + "; ".join(
+        f"{p['path']}: {p['message']}" for p in problems
+    ), problems
+
+
+def parse_request(
+    raw: SkillInvocationRequest | Mapping[str, Any] | Any, *, max_bytes: int = MAX_REQUEST_BYTES
+) -> SkillInvocationRequest:
+    """Validate a request (a model or a dict of the wire shape).
+
+    Raises:
+        SchemaValidationError: not a valid request, or its arguments are larger than ``max_bytes``.
+    """
+    if isinstance(raw, SkillInvocationRequest):
+        request = raw
+    else:
+        if not isinstance(raw, Mapping):
+            raise SchemaValidationError(
+                f"invalid request: expected a JSON object, got {type(raw).__name__}",
+                details={"exception_type": "ValidationError"},
+            )
+        try:
+            request = SkillInvocationRequest.model_validate(raw)
+        except ValidationError as exc:
+            message, problems = _describe(exc)
+            raise SchemaValidationError(message, details={"errors": problems}) from None
+    size = len(json.dumps(request.arguments, separators=(",", ":"), default=str))
+    if size > max_bytes:
+        raise SchemaValidationError(
+            f"arguments are {size} bytes of JSON, more than the limit of {max_bytes}",
+            details={"size": size, "limit": max_bytes},
+        )
+    return request
+
+
+def effective_timeout(
+    entry: ResolvedToolEntry, request: SkillInvocationRequest, default: float
+) -> float:
+    """The smaller of the tool's and the request's timeouts, where given, else ``default``."""
+    given = [t for t in (entry.tool.timeout_s, request.timeout_s) if t is not None]
+    return min(given) if given else default
+
+
+def _check_changes(changes: Any) -> list[dict[str, Any]]:
+    if not isinstance(changes, list) or not all(
+        isinstance(c, dict) and c.get("action") in _ACTIONS and isinstance(c.get("resource"), str)
+        for c in changes
+    ):
+        raise SchemaValidationError(
+            "resource changes must be dicts with action (created, changed or deleted) "
+            "and resource (a string)"
+        )
+    return changes
+
+
+def _run(
+    entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float
+) -> tuple[Any, list[dict[str, Any]]]:
+    tool = entry.tool
+    if tool.source == "command":
+        outcome = run_command_tool(tool, arguments, timeout_s)
+        return outcome.data, _check_changes(outcome.resource_changes)
+    try:
+        value = run_python_tool(tool, arguments, timeout_s)
+    except ToolTimeout:
+        raise ToolExecutionError(
+            f"tool {tool.name!r} timed out after {timeout_s:g}s and was stopped",
+            details={"timeout_s": timeout_s, "reason": "timeout"},
+        ) from None
+    except PermissionError:
+        raise
+    except SystemExit as exc:
+        raise ToolExecutionError(
+            f"tool {tool.name!r} called sys.exit({exc.code!r})",
+            details={"exit_code": exc.code if isinstance(exc.code, int) else None},
+        ) from None
+    except (ToolExecutionError, SchemaValidationError):
+        raise
+    except Exception as exc:
+        raise ToolExecutionError(
+            f"{type(exc).__name__}: {exc}", details={"exception_type": type(exc).__name__}
+        ) from exc
+    if isinstance(value, ToolOutput):
+        return value.data, _check_changes(list(value.resource_changes))
+    return value, []
+
+
+def _ensure_json(data: Any, tool: str) -> None:
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ToolExecutionError(
+            f"tool {tool!r} returned something that is not JSON-serialisable: {exc}",
+            details={"output_type": type(data).__name__},
+        ) from None
+
+
+def _execute(
+    definition: SkillDefinition,
+    entry: ResolvedToolEntry,
+    request: SkillInvocationRequest,
+    *,
+    read_only: bool,
+    default_timeout_s: float,
+) -> tuple[Any, list[dict[str, Any]]]:
+    tool = entry.tool
+    check_write_gates(definition, tool, allow_writes=request.allow_writes, read_only=read_only)
+    validate(tool.input_schema, request.arguments, root="arguments", source="tool input_schema")
+    validate(
+        definition.input_schema, request.arguments, root="arguments", source="skill input_schema"
+    )
+    data, changes = _run(
+        entry, request.arguments, effective_timeout(entry, request, default_timeout_s)
+    )
+    _ensure_json(data, tool.name)
+    validate(tool.output_schema, data, root="output", source="tool output_schema")
+    validate(definition.output_schema, data, root="output", source="skill output_schema")
+    return data, changes
+
+
+def invoke(
+    request: SkillInvocationRequest | Mapping[str, Any],
+    catalogue: Catalogue,
+    *,
+    read_only: bool = False,
+    default_timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> SkillResult:
+    """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
+
+    Order: resolve the skill, find the tool, apply the write gates, validate the
+    arguments, run the tool (stopped at its timeout), validate the output.
+    """
+    started = time.perf_counter()
+    try:
+        parsed = parse_request(request, max_bytes=max_request_bytes)
+    except SchemaValidationError as exc:
+        return _invalid_request(
+            request, str(exc), {**exc.details, "exception_type": type(exc).__name__}, started
+        )
+    skill, tool = parsed.skill, parsed.tool
+    try:
+        definition, entry = catalogue.find_tool(skill, tool)
+        data, changes = _execute(
+            definition, entry, parsed, read_only=read_only, default_timeout_s=default_timeout_s
+        )
+    except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
+        return _failure(skill, tool, map_tool_error(exc, skill_name=skill, tool_name=tool), started)
+    return SkillResult(
+        skill_name=skill,
+        tool_name=tool,
+        success=True,
+        output_data=data,
+        duration_ms=(time.perf_counter() - started) * 1000,
+        resource_changes=changes,
+    )
