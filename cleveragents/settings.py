@@ -58,6 +58,8 @@ class Settings:
     home: Path
     default_timeout_s: float
     log_format: str
+    visibility_timeout_s: float = 900.0
+    result_expires_s: float = 7 * 24 * 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -84,6 +86,8 @@ class Settings:
             home=home,
             default_timeout_s=_positive_float(env, "CLEVERAGENTS_DEFAULT_TIMEOUT_S", 300.0),
             log_format=log_format,
+            visibility_timeout_s=_positive_float(env, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S", 900.0),
+            result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
         )
 
     @property

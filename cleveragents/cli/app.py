@@ -8,6 +8,8 @@ import click
 
 from cleveragents import __version__
 from cleveragents.cli.skills_cmd import skills
+from cleveragents.cli.submit_cmd import result, submit
+from cleveragents.cli.worker_cmd import worker
 from cleveragents.errors import CleverAgentsError
 
 __all__ = ["cli", "main"]
@@ -20,12 +22,16 @@ def cli() -> None:
 
 
 cli.add_command(skills)
+cli.add_command(submit)
+cli.add_command(result)
+cli.add_command(worker)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every error is one line on stderr and an exit code (0, 1 or 2)."""
     try:
-        cli.main(args=argv, prog_name="cleveragents", standalone_mode=False)
+        # Without standalone mode click returns a command's Exit code instead of raising it.
+        code = cli.main(args=argv, prog_name="cleveragents", standalone_mode=False)
     except click.exceptions.Exit as done:
         return done.exit_code
     except click.ClickException as exc:
@@ -45,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug or an unexpected environment: still one line, no traceback
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

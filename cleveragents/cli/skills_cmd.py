@@ -143,7 +143,10 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
     else:
         for problem in problems:
             click.echo(f"{problem.where}: {problem.reason}")
-        verdict = "ok" if not problems else f"{len(problems)} problem(s)"
-        click.echo(f"{len(catalogue)} skills resolve; {verdict}", err=bool(problems))
+    verdict = f"{len(catalogue)} skills resolve; {len(problems)} problem(s)"
     if problems:
-        raise click.exceptions.Exit(1)
+        # A ClickException, not click's Exit: with standalone_mode=False click turns
+        # Exit into a return value, which the CLI's main() does not propagate.
+        raise CliFailure(verdict, exit_code=1)
+    if not as_json:
+        click.echo(f"{len(catalogue)} skills resolve; ok")

@@ -41,12 +41,24 @@ def _on_alarm(signum: int, frame: Any) -> None:
 @contextmanager
 def _alarm(timeout_s: float) -> Iterator[None]:
     previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s, REPEAT_S)
+    armed_at = time.monotonic()
+    # An outer timer (a deadline further out, pytest-timeout) is put back afterwards.
+    outer, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, REPEAT_S)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        while True:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                break
+            except ToolTimeout:
+                # The alarm went off while it was being disarmed: disarm again, or it
+                # would keep firing into code that is not the tool's.
+                continue
+        if outer > 0:
+            left = outer - (time.monotonic() - armed_at)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), outer_interval)
 
 
 class _Watchdog:
@@ -73,12 +85,19 @@ class _Watchdog:
         return token
 
     def disarm(self, token: int) -> None:
-        with self._cond:
-            thread_id = self._active.pop(token, None)
-        if thread_id is not None:
-            # Withdraw an interruption that was set but not yet delivered: it must
-            # not surface later, in code that is not the tool's.
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
+        while True:
+            try:
+                with self._cond:
+                    thread_id = self._active.pop(token, None)
+                if thread_id is not None:
+                    # Withdraw an interruption that was set but not yet delivered: it
+                    # must not surface later, in code that is not the tool's.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
+                return
+            except ToolTimeout:
+                # Delivered here, before the token was withdrawn: withdraw it now, or
+                # the watchdog would keep interrupting this thread.
+                continue
 
     def _run(self) -> None:
         with self._cond:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import SchemaValidationError, ToolExecutionError
+from cleveragents.errors import SchemaValidationError, ToolActivationError, ToolExecutionError
 from cleveragents.runtime.command_tool import run_command_tool
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
@@ -92,11 +92,16 @@ def parse_request(
                 details={"exception_type": "ValidationError"},
             )
         try:
-            request = SkillInvocationRequest.model_validate(raw)
+            request = SkillInvocationRequest.model_validate(dict(raw))
         except ValidationError as exc:
             message, problems = _describe(exc)
             raise SchemaValidationError(message, details={"errors": problems}) from None
-    size = len(json.dumps(request.arguments, separators=(",", ":"), default=str))
+    try:
+        size = len(json.dumps(request.arguments, separators=(",", ":"), default=str))
+    except (ValueError, RecursionError) as exc:  # a circular or absurdly deep structure
+        raise SchemaValidationError(
+            f"invalid request: arguments cannot be encoded as JSON: {exc}"
+        ) from None
     if size > max_bytes:
         raise SchemaValidationError(
             f"arguments are {size} bytes of JSON, more than the limit of {max_bytes}",
@@ -114,7 +119,7 @@ def effective_timeout(
 
 
 def _check_changes(changes: Any) -> list[dict[str, Any]]:
-    if not isinstance(changes, list) or not all(
+    if not isinstance(changes, list | tuple) or not all(
         isinstance(c, dict) and c.get("action") in _ACTIONS and isinstance(c.get("resource"), str)
         for c in changes
     ):
@@ -122,7 +127,7 @@ def _check_changes(changes: Any) -> list[dict[str, Any]]:
             "resource changes must be dicts with action (created, changed or deleted) "
             "and resource (a string)"
         )
-    return changes
+    return list(changes)
 
 
 def _run(
@@ -137,34 +142,49 @@ def _run(
     except ToolTimeout:
         raise ToolExecutionError(
             f"tool {tool.name!r} timed out after {timeout_s:g}s and was stopped",
-            details={"timeout_s": timeout_s, "reason": "timeout"},
+            details={"timeout_s": timeout_s, "reason": "timeout", "exception_type": "ToolTimeout"},
         ) from None
     except PermissionError:
         raise
     except SystemExit as exc:
         raise ToolExecutionError(
             f"tool {tool.name!r} called sys.exit({exc.code!r})",
-            details={"exit_code": exc.code if isinstance(exc.code, int) else None},
+            details={
+                "exit_code": exc.code if isinstance(exc.code, int) else None,
+                "exception_type": type(exc).__name__,
+            },
         ) from None
-    except (ToolExecutionError, SchemaValidationError):
+    except (ToolActivationError, ToolExecutionError, SchemaValidationError):
         raise
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # Exception, or e.g. asyncio.CancelledError: the tool's own
         raise ToolExecutionError(
             f"{type(exc).__name__}: {exc}", details={"exception_type": type(exc).__name__}
         ) from exc
     if isinstance(value, ToolOutput):
-        return value.data, _check_changes(list(value.resource_changes))
+        return value.data, _check_changes(value.resource_changes)
     return value, []
 
 
-def _ensure_json(data: Any, tool: str) -> None:
+def _as_json(value: Any, tool: str, what: str) -> Any:
+    """``value`` as the JSON wire will carry it (tuples become lists, keys strings)."""
     try:
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ToolExecutionError(
-            f"tool {tool!r} returned something that is not JSON-serialisable: {exc}",
-            details={"output_type": type(data).__name__},
+            f"tool {tool!r} returned {what} that is not JSON-serialisable: {exc}",
+            details={"output_type": type(value).__name__},
         ) from None
+
+
+def _error(exc: BaseException, skill: str, tool: str) -> SkillError:
+    error = map_tool_error(exc, skill_name=skill, tool_name=tool)
+    # A tool's own exception arrives wrapped in ToolExecutionError: keep its class name.
+    raised = getattr(exc, "details", {}).get("exception_type")
+    if isinstance(exc, ToolExecutionError) and isinstance(raised, str):
+        error = error.model_copy(update={"details": {**error.details, "exception_type": raised}})
+    return error
 
 
 def _execute(
@@ -184,7 +204,8 @@ def _execute(
     data, changes = _run(
         entry, request.arguments, effective_timeout(entry, request, default_timeout_s)
     )
-    _ensure_json(data, tool.name)
+    data = _as_json(data, tool.name, "output")
+    changes = _as_json(changes, tool.name, "resource changes")
     validate(tool.output_schema, data, root="output", source="tool output_schema")
     validate(definition.output_schema, data, root="output", source="skill output_schema")
     return data, changes
@@ -217,7 +238,7 @@ def invoke(
             definition, entry, parsed, read_only=read_only, default_timeout_s=default_timeout_s
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
-        return _failure(skill, tool, map_tool_error(exc, skill_name=skill, tool_name=tool), started)
+        return _failure(skill, tool, _error(exc, skill, tool), started)
     return SkillResult(
         skill_name=skill,
         tool_name=tool,

@@ -21,7 +21,8 @@ def new_request_id() -> str:
 class SkillInvocationRequest(BaseModel):
     """One invocation: which skill's tool to run, with which arguments, and whether it may write."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Strict: the wire is JSON, whose types are exact; "yes" or 1 must not mean allow_writes.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     request_id: str = Field(default_factory=new_request_id, pattern=REQUEST_ID_PATTERN)
     skill: str = Field(min_length=1, max_length=400)

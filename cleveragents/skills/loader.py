@@ -34,11 +34,14 @@ class LoadProblem:
     reason: str
 
 
-class _SkillYamlLoader(yaml.SafeLoader):
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+class _SkillYamlLoader(_BaseLoader):  # type: ignore[misc]
     """Safe YAML loader that keeps ``version`` exactly as written (``1.10`` stays ``"1.10"``)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        mapping = super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         for key_node, value_node in node.value:
             if (
                 isinstance(key_node, yaml.ScalarNode)

@@ -115,6 +115,15 @@ class Skill(BaseModel):
             _check_name(name, "included skill")
         return value
 
+    @field_validator("input_schema", "output_schema")
+    @classmethod
+    def _schema_typed(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Checked here too, so a bad schema is a load problem of its file rather
+        # than a pydantic error escaping resolution (SkillDefinition rejects it).
+        if value is not None and "type" not in value:
+            raise ValueError("a skill's JSON Schema must include a 'type' key")
+        return value
+
     @field_validator("version", mode="before")
     @classmethod
     def _version_text(cls, value: Any) -> Any:

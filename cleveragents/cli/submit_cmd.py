@@ -1,0 +1,173 @@
+"""``cleveragents submit`` and ``cleveragents result``: one invocation at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cleveragents.cli.render import CliFailure, print_json
+from cleveragents.client import SkillClient
+from cleveragents.embedded.runner import LocalWorker
+from cleveragents.errors import SchemaValidationError
+from cleveragents.settings import Settings
+from cleveragents.skills import SkillResult
+from cleveragents.wire import result_payload
+
+__all__ = ["result", "submit"]
+
+
+def _arguments(raw: str | None, path: str | None) -> dict[str, Any]:
+    if raw is not None and path is not None:
+        raise CliFailure("give --args or --args-file, not both")
+    text = raw
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliFailure(f"cannot read --args-file {path}: {exc.strerror}") from None
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CliFailure(f"arguments are not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CliFailure("arguments must be a JSON object")
+    return value
+
+
+@contextlib.contextmanager
+def local_worker_if_embedded(settings: Settings) -> Iterator[LocalWorker | None]:
+    """On the embedded default, run a local worker for the duration of the command.
+
+    When the body ends normally it has every result it waited for, so the worker
+    is stopped at once; on an error or Ctrl-C a warm shutdown puts unfinished
+    messages back in the queue.
+    """
+    if not settings.embedded:
+        yield None
+        return
+    local = LocalWorker(settings).start()
+    try:
+        yield local
+    except BaseException:
+        local.stop()
+        raise
+    local.stop(drained=True)
+
+
+def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
+    """Print a result for people, or as one JSON object; exit 1 when it failed."""
+    if as_json:
+        print_json(result_payload(result, request_id))
+    elif result.success:
+        click.echo(json.dumps(result.output_data, ensure_ascii=False))
+        for change in result.resource_changes:
+            click.echo(f"{change.get('action')}: {change.get('resource')}", err=True)
+    else:
+        error = result.error
+        kind = error.error_type if error else "failed"
+        click.echo(f"{request_id} failed ({kind}): {error.message if error else ''}", err=True)
+    if not result.success:
+        raise click.exceptions.Exit(1)
+
+
+def _wait(client: SkillClient, request_id: str, timeout: float | None) -> SkillResult:
+    try:
+        return client.wait(request_id, timeout=timeout)
+    except TimeoutError:
+        raise CliFailure(
+            f"no result for {request_id} after {timeout:g}s; "
+            f"`cleveragents result {request_id} --wait` waits for it",
+            exit_code=1,
+        ) from None
+
+
+@click.command()
+@click.argument("skill")
+@click.argument("tool")
+@click.option("--args", "args_json", metavar="JSON", help="Arguments as one JSON object.")
+@click.option("--args-file", type=click.Path(dir_okay=False), help="Read the arguments from F.")
+@click.option("--allow-writes", is_flag=True, help="Let a write-capable tool run.")
+@click.option("--request-id", metavar="ID", help="Use this request id (default: a new UUID).")
+@click.option("--wait", is_flag=True, help="Wait for the result and print it.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="The invocation's timeout in seconds (and, with --wait, how long to wait beyond it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def submit(
+    skill: str,
+    tool: str,
+    args_json: str | None,
+    args_file: str | None,
+    allow_writes: bool,
+    request_id: str | None,
+    wait: bool,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Enqueue one invocation of SKILL's TOOL; print its id, or with --wait its result."""
+    arguments = _arguments(args_json, args_file)
+    settings = Settings.from_env()
+    with SkillClient(settings=settings) as client:
+        try:
+            request = client.build_request(
+                skill,
+                tool,
+                arguments,
+                allow_writes=allow_writes,
+                request_id=request_id,
+                timeout_s=timeout,
+            )
+        except SchemaValidationError as exc:
+            raise CliFailure(str(exc)) from None
+        if not wait:
+            client.send(request)
+            if as_json:
+                print_json({"request_id": request.request_id})
+            else:
+                click.echo(request.request_id)
+            return
+        with local_worker_if_embedded(settings):
+            client.send(request)
+            # Tools are stopped at their timeout; allow a minute of queueing on top.
+            outcome = _wait(client, request.request_id, None if timeout is None else timeout + 60)
+        show_result(outcome, request.request_id, as_json)
+
+
+@click.command()
+@click.argument("request_id", metavar="ID")
+@click.option("--wait", is_flag=True, help="Wait until the result is there.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="With --wait: give up after S seconds.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def result(request_id: str, wait: bool, timeout: float | None, as_json: bool) -> None:
+    """Print the result of one invocation (exit 1 if it failed or is not there yet)."""
+    settings = Settings.from_env()
+    with SkillClient(settings=settings) as client:
+        if wait:
+            with local_worker_if_embedded(settings):
+                outcome = _wait(client, request_id, timeout)
+        else:
+            found = client.get(request_id)
+            if found is None:
+                state = client.state(request_id)
+                if as_json:
+                    print_json({"request_id": request_id, "state": state})
+                else:
+                    click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
+                raise click.exceptions.Exit(1)
+            outcome = found
+        show_result(outcome, request_id, as_json)

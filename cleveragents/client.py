@@ -1,0 +1,172 @@
+"""The producer client: submit invocations and read their ``SkillResult``s.
+
+It needs neither the catalogue nor the tools' code: only the broker and the
+result backend (``CLEVERAGENTS_BROKER_URL`` / ``CLEVERAGENTS_RESULT_BACKEND``,
+or the embedded default).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import AsyncResult
+
+import celeryconfig
+from cleveragents.constants import QUEUE_READ, QUEUE_WRITE, TASK_INVOKE
+from cleveragents.runtime.invoke import parse_request
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.settings import Settings
+from cleveragents.skills import SkillResult
+from cleveragents.wire import redacted_repr, request_payload, result_from_stored
+
+__all__ = ["InvocationHandle", "SkillClient"]
+
+#: Poll interval for result stores without push notifications (the embedded file store).
+POLL_INTERVAL_S = 0.02
+
+
+@dataclass(frozen=True)
+class InvocationHandle:
+    """A submitted invocation: its request id, and a way to its result."""
+
+    request_id: str
+    client: SkillClient
+
+    def result(self, timeout: float | None = None) -> SkillResult:
+        """Wait for the result (``TimeoutError`` after ``timeout`` seconds)."""
+        return self.client.wait(self.request_id, timeout=timeout)
+
+    def ready(self) -> bool:
+        """True once the result is stored."""
+        return self.client.get(self.request_id) is not None
+
+
+class SkillClient:
+    """Submit skill invocations to the workers and collect their results."""
+
+    def __init__(
+        self,
+        broker_url: str | None = None,
+        result_backend: str | None = None,
+        *,
+        settings: Settings | None = None,
+    ) -> None:
+        base = settings or Settings.from_env()
+        if broker_url is not None or result_backend is not None:
+            base = replace(
+                base,
+                broker_url=broker_url if broker_url is not None else base.broker_url,
+                result_backend=result_backend
+                if result_backend is not None
+                else base.result_backend,
+            )
+        self.settings = base
+        self.app = Celery("cleveragents-client", set_as_current=False)
+        self.app.conf.update(celeryconfig.settings_for(base))
+
+    def close(self) -> None:
+        """Release broker and backend connections."""
+        self.app.close()
+
+    def __enter__(self) -> SkillClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def build_request(
+        self,
+        skill: str,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        allow_writes: bool = False,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> SkillInvocationRequest:
+        """A validated request (``SchemaValidationError`` when it is not valid)."""
+        raw: dict[str, Any] = {
+            "skill": skill,
+            "tool": tool,
+            "arguments": dict(arguments or {}),
+            "allow_writes": allow_writes,
+            "timeout_s": timeout_s,
+        }
+        if request_id is not None:
+            raw["request_id"] = request_id
+        return parse_request(raw)
+
+    def submit(
+        self,
+        skill: str | SkillInvocationRequest,
+        tool: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        allow_writes: bool = False,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> InvocationHandle:
+        """Enqueue one invocation (a request, or skill and tool names) and return its handle."""
+        if isinstance(skill, SkillInvocationRequest):
+            request = skill
+        else:
+            request = self.build_request(
+                skill,
+                tool or "",
+                arguments,
+                allow_writes=allow_writes,
+                request_id=request_id,
+                timeout_s=timeout_s,
+            )
+        self.send(request)
+        return InvocationHandle(request.request_id, self)
+
+    def send(self, request: SkillInvocationRequest) -> None:
+        """Publish one request on its queue (writes travel on the write queue)."""
+        self.app.send_task(
+            TASK_INVOKE,
+            args=[request_payload(request)],
+            task_id=request.request_id,
+            queue=QUEUE_WRITE if request.allow_writes else QUEUE_READ,
+            argsrepr=redacted_repr(request),
+            kwargsrepr="{}",
+        )
+
+    def state(self, request_id: str) -> str:
+        """Celery's state of the invocation: PENDING, STARTED, SUCCESS, FAILURE, ..."""
+        return str(AsyncResult(request_id, app=self.app).state)
+
+    def get(self, request_id: str) -> SkillResult | None:
+        """The stored result, or None while there is none."""
+        meta = self.app.backend.get_task_meta(request_id)
+        if meta.get("status") not in ("SUCCESS", "FAILURE"):
+            return None
+        return result_from_stored(meta.get("result"), request_id)
+
+    def wait(self, request_id: str, timeout: float | None = None) -> SkillResult:
+        """Wait for the result of ``request_id``.
+
+        Raises:
+            TimeoutError: no result within ``timeout`` seconds.
+        """
+        handle: AsyncResult = AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            value = handle.get(
+                timeout=timeout,
+                propagate=False,
+                interval=POLL_INTERVAL_S,
+                disable_sync_subtasks=False,
+            )
+        except CeleryTimeoutError:
+            raise TimeoutError(f"no result for {request_id} within {timeout:g}s") from None
+        except ValueError:
+            # A file store read mid-write; read it again.
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return self.wait(request_id, remaining)
+        return result_from_stored(value, request_id)

@@ -1,0 +1,116 @@
+"""How requests and results travel through Celery: payloads, redaction, failures.
+
+A successful invocation is stored as the task's return value: the
+``SkillResult`` fields plus ``request_id``. A failed one is raised as
+``SkillInvocationFailed`` so that Celery, Flower and ``celery events`` show it
+as failed; the exception carries the whole ``SkillResult`` as its second
+argument, and ``result_from_stored`` rebuilds it from either form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cleveragents.constants import REDACTED
+from cleveragents.error_types import SkillErrorType
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.skills import SkillError, SkillResult
+
+__all__ = [
+    "SkillInvocationFailed",
+    "failure_summary",
+    "redacted_repr",
+    "request_payload",
+    "result_from_stored",
+    "result_payload",
+]
+
+
+class SkillInvocationFailed(Exception):
+    """Raised by the task for a failed invocation: Celery marks it FAILURE.
+
+    ``args`` is ``(summary, payload)``: a one-line ``"error_type: message"`` and the
+    full ``SkillResult`` payload.
+    """
+
+    def __init__(self, summary: str, payload: dict[str, Any] | None = None) -> None:
+        super().__init__(summary, payload or {})
+        self.summary = summary
+        self.payload = payload or {}
+
+    def __str__(self) -> str:
+        return self.summary
+
+    def __repr__(self) -> str:
+        return f"SkillInvocationFailed({self.summary!r})"
+
+
+def request_payload(request: SkillInvocationRequest) -> dict[str, Any]:
+    """The JSON body of one invocation (SPEC section 5)."""
+    return request.model_dump(mode="json")
+
+
+def redacted_repr(request: SkillInvocationRequest | dict[str, Any]) -> str:
+    """What Flower and logs show of a request: everything but the arguments' values."""
+    data = (
+        request.model_dump(mode="json") if isinstance(request, SkillInvocationRequest) else request
+    )
+    shown = {k: v for k, v in data.items() if k != "arguments"}
+    arguments = data.get("arguments")
+    if isinstance(arguments, dict):
+        shown["arguments"] = {key: REDACTED for key in arguments}
+    elif arguments is not None:
+        shown["arguments"] = REDACTED
+    return repr((shown,))
+
+
+def result_payload(result: SkillResult, request_id: str) -> dict[str, Any]:
+    """A ``SkillResult`` as stored: its fields plus ``request_id``."""
+    payload = result.model_dump(mode="json")
+    payload["request_id"] = request_id
+    return payload
+
+
+def failure_summary(result: SkillResult) -> str:
+    """``error_type: message`` of a failed result, on one line."""
+    error = result.error
+    if error is None:
+        return "failed"
+    return f"{error.error_type}: {error.message}".replace("\n", " ")
+
+
+def _unreadable(request_id: str, why: str) -> SkillResult:
+    return SkillResult(
+        skill_name="",
+        tool_name="",
+        success=False,
+        error=SkillError(
+            error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
+            message=why,
+            details={"request_id": request_id},
+            skill_name="",
+        ),
+    )
+
+
+def result_from_stored(value: Any, request_id: str = "") -> SkillResult:
+    """Rebuild a ``SkillResult`` from what Celery stored (a payload, or the failure)."""
+    if isinstance(value, SkillInvocationFailed):
+        value = value.payload
+    elif isinstance(value, BaseException):
+        args: tuple[Any, ...] = tuple(getattr(value, "args", ()))
+        if len(args) == 2 and isinstance(args[1], dict):
+            value = args[1]  # SkillInvocationFailed rebuilt by Celery under another class
+        else:
+            return _unreadable(request_id, f"the task failed outside the runtime: {value!r}")
+    elif isinstance(value, dict) and "exc_type" in value:
+        message = value.get("exc_message")
+        if isinstance(message, list | tuple) and len(message) == 2 and isinstance(message[1], dict):
+            value = message[1]
+        else:
+            return _unreadable(request_id, f"the task failed outside the runtime: {value}")
+    if not isinstance(value, dict):
+        return _unreadable(
+            request_id, f"stored result is not a SkillResult: {type(value).__name__}"
+        )
+    return SkillResult.model_validate(value)

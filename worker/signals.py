@@ -1,0 +1,31 @@
+"""Worker start-up hooks: load the catalogue before serving, announce readiness."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from celery.signals import worker_init, worker_process_init, worker_ready
+
+from worker import state
+
+
+@worker_init.connect
+def _load_in_parent(**_: Any) -> None:
+    # Load (and log problems) once in the parent, before the pool forks: children
+    # inherit the resolved catalogue.
+    state.current()
+
+
+@worker_process_init.connect
+def _load_in_child(**_: Any) -> None:
+    state.current()
+
+
+@worker_ready.connect
+def _announce_ready(**_: Any) -> None:
+    # The embedded runner waits for this file rather than polling a broadcast ping.
+    ready_file = os.environ.get("CLEVERAGENTS_READY_FILE")
+    if ready_file:
+        Path(ready_file).write_text(str(os.getpid()), encoding="utf-8")
