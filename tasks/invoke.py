@@ -44,6 +44,7 @@ def run_request(body: Any) -> SkillResult:
     bind=True,
     typing=False,  # the runtime, not Celery, judges the arguments
     throws=(SkillInvocationFailed,),  # an expected failure: logged on one line, no traceback
+    Request="tasks.request:RedactingRequest",  # Flower never sees argument values
 )
 def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one skill invocation; a failed one is raised so Flower shows it as failed."""

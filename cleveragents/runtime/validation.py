@@ -6,6 +6,7 @@ object costs about a microsecond. See docs/runtime.md for why it was chosen.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = ["compiled", "schema_problem", "validate"]
 _cache: dict[int, tuple[dict[str, Any], Any]] = {}
 _lock = threading.Lock()
 _QUOTED_TYPE = re.compile(r'is not of type "([^"]+)"')
+_LEADING_STRING = re.compile(r'^"(?:[^"\\]|\\.)*"')
 #: How many errors one message lists before it says "and N more".
 _MAX_LISTED = 5
 
@@ -47,7 +49,39 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     return None
 
 
-def _readable(message: str) -> str:
+def _shown_value(instance: Any) -> str:
+    if isinstance(instance, str):
+        return "a string"
+    if isinstance(instance, dict):
+        return "an object"
+    return "an array"
+
+
+def _readable(error: Any) -> str:
+    """The error's message without the offending value when that value is text.
+
+    Arguments can hold secrets, and messages end up in stored results, Flower and
+    logs: a string, object or array is named by its kind, never quoted. Numbers,
+    booleans and null are shown as they are (``3 is not of type 'string'``).
+    """
+    message: str = error.message
+    instance = error.instance
+    openings: dict[type, str] = {str: '"', dict: "{", list: "["}
+    opening = openings.get(type(instance))
+    if opening is not None and message.startswith(opening):
+        rest = None
+        if isinstance(instance, str):
+            quoted = _LEADING_STRING.match(message)
+            rest = message[quoted.end() :] if quoted else None
+        else:
+            for text in (json.dumps(instance, separators=(",", ":")), json.dumps(instance)):
+                if message.startswith(text):
+                    rest = message[len(text) :]
+        if rest is None:
+            kind = type(getattr(error, "kind", None)).__name__
+            message = f"{_shown_value(instance)} does not satisfy {kind!r}"
+        else:
+            message = _shown_value(instance) + rest
     # jsonschema-rs quotes type names with double quotes; the docs and users expect 'string'.
     return _QUOTED_TYPE.sub(r"is not of type '\1'", message)
 
@@ -68,18 +102,14 @@ def validate(schema: dict[str, Any] | None, instance: Any, *, root: str, source:
     if validator.is_valid(instance):
         return
     errors = list(validator.iter_errors(instance))
-    lines = [
-        f"{_where(root, e.instance_path)}: {_readable(e.message)}" for e in errors[:_MAX_LISTED]
-    ]
+    readable = [(_where(root, e.instance_path), _readable(e)) for e in errors[:_MAX_LISTED]]
+    lines = [f"{where}: {message}" for where, message in readable]
     if len(errors) > _MAX_LISTED:
         lines.append(f"and {len(errors) - _MAX_LISTED} more")
     raise SchemaValidationError(
         "; ".join(lines),
         details={
             "schema": source,
-            "errors": [
-                {"path": _where(root, e.instance_path), "message": e.message}
-                for e in errors[:_MAX_LISTED]
-            ],
+            "errors": [{"path": where, "message": message} for where, message in readable],
         },
     )

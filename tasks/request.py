@@ -1,0 +1,35 @@
+"""The worker-side request of ``skills.invoke``: its arguments are redacted in events.
+
+Flower and ``celery events`` show a task's ``argsrepr``. A producer that is not
+our client may send none (Celery then shows the arguments verbatim), so the
+worker recomputes it from the body: skill, tool and flags stay visible, the
+arguments' values never leave the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.worker.request import Request
+
+from cleveragents.constants import REDACTED
+from cleveragents.wire import redacted_repr
+
+__all__ = ["RedactingRequest"]
+
+
+class RedactingRequest(Request):  # type: ignore[misc]
+    """A ``Request`` whose ``argsrepr``/``kwargsrepr`` never hold argument values."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        body_args, body_kwargs = self._args, self._kwargs  # type: ignore[attr-defined]
+        if (
+            isinstance(body_args, list | tuple)
+            and len(body_args) == 1
+            and isinstance(body_args[0], dict)
+        ):
+            self._argsrepr = redacted_repr(body_args[0])
+        else:
+            self._argsrepr = REDACTED if body_args else "()"
+        self._kwargsrepr = REDACTED if body_kwargs else "{}"

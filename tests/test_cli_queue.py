@@ -1,0 +1,141 @@
+"""``submit``, ``result`` and the embedded default, through the real console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.procs import REPO, Worker
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    base["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "cleveragents", *args],
+        env={**base, **(env or {})},
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_submit_then_result_through_redis(
+    redis_url: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(redis_url)
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    submitted = run_cli(
+        "submit",
+        "local/text-tools",
+        "local/word-count",
+        "--args",
+        '{"text": "a b"}',
+        "--request-id",
+        "cli-1",
+        "--json",
+        env=env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    assert json.loads(submitted.stdout) == {"request_id": "cli-1"}
+    fetched = run_cli("result", "cli-1", "--wait", "--json", env=env)
+    assert fetched.returncode == 0, fetched.stderr
+    payload = json.loads(fetched.stdout)
+    assert payload["request_id"] == "cli-1"
+    assert payload["success"] is True
+    assert payload["output_data"] == {"words": 2}
+    assert set(payload) >= {"skill_name", "tool_name", "error", "duration_ms", "resource_changes"}
+
+
+def test_a_failed_invocation_exits_1_with_its_error(
+    redis_url: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(redis_url)
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    done = run_cli(
+        "submit",
+        "local/notes",
+        "local/write-note",
+        "--args",
+        '{"name": "n", "text": "t"}',
+        "--wait",
+        "--json",
+        env=env,
+    )
+    assert done.returncode == 1
+    payload = json.loads(done.stdout)
+    assert payload["error"]["error_type"] == "permission_denied"
+    human = run_cli("result", payload["request_id"], env=env)
+    assert human.returncode == 1
+    assert "permission_denied" in human.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["submit", "local/text-tools", "local/word-count", "--args", "{not json"],
+        ["submit", "local/text-tools", "local/word-count", "--args", "[1, 2]"],
+        ["submit", "local/text-tools", "local/word-count", "--request-id", "has space"],
+        ["submit", "local/text-tools"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(redis_url: str, args: list[str]) -> None:
+    done = run_cli(*args, env={"CLEVERAGENTS_BROKER_URL": redis_url})
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip()
+
+
+def test_result_of_an_unknown_id_is_not_ready(redis_url: str) -> None:
+    done = run_cli(
+        "result", "never-submitted", "--json", env={"CLEVERAGENTS_BROKER_URL": redis_url}
+    )
+    assert done.returncode == 1
+    assert json.loads(done.stdout) == {"request_id": "never-submitted", "state": "PENDING"}
+
+
+def test_the_embedded_default_runs_an_invocation_with_no_server(tmp_path: Path) -> None:
+    # Given no broker configured at all: an on-disk broker under CLEVERAGENTS_HOME
+    env = {"CLEVERAGENTS_HOME": str(tmp_path / "home")}
+    done = run_cli(
+        "submit",
+        "local/text-tools",
+        "local/word-count",
+        "--args",
+        '{"text": "x y z"}',
+        "--wait",
+        "--json",
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output_data"] == {"words": 3}
+    # A queued invocation waits on disk until a worker serves it; `result --wait` starts one.
+    queued = run_cli(
+        "submit",
+        "local/text-tools",
+        "local/shout",
+        "--args",
+        '{"text": "hi"}',
+        "--request-id",
+        "queued-1",
+        env=env,
+        cwd=tmp_path,
+    )
+    assert queued.returncode == 0, queued.stderr
+    assert list((tmp_path / "home" / "broker" / "queue").glob("*.msg"))
+    waited = run_cli("result", "queued-1", "--wait", "--json", env=env, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    assert json.loads(waited.stdout)["output_data"] == {"text": "HI"}
