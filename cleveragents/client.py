@@ -8,7 +8,7 @@ or the embedded default).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,12 +17,21 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 import celeryconfig
-from cleveragents.constants import QUEUE_READ, QUEUE_WRITE, TASK_INVOKE
+from cleveragents.batch.ledger import BatchLedger
+from cleveragents.constants import (
+    QUEUE_BATCH,
+    QUEUE_BATCH_WRITE,
+    QUEUE_READ,
+    QUEUE_WRITE,
+    TASK_INVOKE,
+    TASK_INVOKE_CHUNK,
+)
+from cleveragents.results import ResultStore
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
-from cleveragents.wire import redacted_repr, request_payload, result_from_stored
+from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
 
 __all__ = ["InvocationHandle", "SkillClient"]
 
@@ -136,6 +145,47 @@ class SkillClient:
             argsrepr=redacted_repr(request),
             kwargsrepr="{}",
         )
+
+    def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
+        """Publish many requests as one message on the batch queue (write queue if any writes)."""
+        payloads = [request_payload(r) for r in requests]
+        writes = any(r.allow_writes for r in requests)
+        self.app.send_task(
+            TASK_INVOKE_CHUNK,
+            args=[payloads],
+            queue=QUEUE_BATCH_WRITE if writes else QUEUE_BATCH,
+            argsrepr=chunk_repr(payloads),
+            kwargsrepr="{}",
+            ignore_result=True,
+        )
+
+    @property
+    def results(self) -> ResultStore:
+        """Bulk access to stored results (one round trip for many ids)."""
+        return ResultStore(self.app.backend)
+
+    @property
+    def ledger(self) -> BatchLedger:
+        """Where background batches keep their ordered request ids."""
+        return BatchLedger(self.app.backend, self.settings.home.resolve())
+
+    def run_many(
+        self,
+        requests: Iterable[SkillInvocationRequest | Mapping[str, Any]],
+        *,
+        chunk_size: int | None = None,
+        reuse: bool = True,
+    ) -> Iterator[SkillResult]:
+        """Run many requests in chunks and yield their results in input order, as they are ready.
+
+        Memory stays bounded whatever the number of requests (at most a window of
+        them is in flight). A request whose result is already stored is not run again
+        (``reuse=False`` runs every request).
+        """
+        from cleveragents.batch.api import as_items, results_in_order, run_many
+
+        runner = run_many(self, as_items(requests), reuse=reuse, chunk_size=chunk_size)
+        return results_in_order(runner)
 
     def state(self, request_id: str) -> str:
         """Celery's state of the invocation: PENDING, STARTED, SUCCESS, FAILURE, ..."""

@@ -17,13 +17,19 @@ from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillError, SkillResult
 
 __all__ = [
+    "WIRE_MODULE",
     "SkillInvocationFailed",
+    "chunk_repr",
     "failure_summary",
     "redacted_repr",
     "request_payload",
     "result_from_stored",
     "result_payload",
 ]
+
+
+#: The module Celery records as the failure's ``exc_module``.
+WIRE_MODULE = __name__
 
 
 class SkillInvocationFailed(Exception):
@@ -62,6 +68,13 @@ def redacted_repr(request: SkillInvocationRequest | dict[str, Any]) -> str:
     elif arguments is not None:
         shown["arguments"] = REDACTED
     return repr((shown,))
+
+
+def chunk_repr(bodies: list[Any]) -> str:
+    """What Flower shows of a batch chunk: how many invocations, of which tools."""
+    tools = sorted({f"{b.get('skill')} {b.get('tool')}" for b in bodies if isinstance(b, dict)})
+    shown = ", ".join(tools[:3]) + (f", +{len(tools) - 3} more" if len(tools) > 3 else "")
+    return f"({len(bodies)} invocations: {shown}; arguments {REDACTED})"
 
 
 def result_payload(result: SkillResult, request_id: str) -> dict[str, Any]:

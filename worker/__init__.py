@@ -10,7 +10,7 @@ from celery import Celery
 
 __all__ = ["app"]
 
-app = Celery("cleveragents", include=["tasks.invoke"])
+app = Celery("cleveragents", include=["tasks.invoke", "tasks.batch"])
 app.config_from_object("celeryconfig")
 
 from worker import signals as _signals  # noqa: E402,F401  (connects start-up hooks)

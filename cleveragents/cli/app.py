@@ -7,6 +7,7 @@ import sys
 import click
 
 from cleveragents import __version__
+from cleveragents.cli.batch_cmd import batch
 from cleveragents.cli.skills_cmd import skills
 from cleveragents.cli.submit_cmd import result, submit
 from cleveragents.cli.worker_cmd import worker
@@ -25,6 +26,7 @@ cli.add_command(skills)
 cli.add_command(submit)
 cli.add_command(result)
 cli.add_command(worker)
+cli.add_command(batch)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,186 @@
+"""Batch operations on a ``SkillClient``: run many, submit in the background, status, results."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cleveragents.batch.gather import Entry, OrderedGather
+from cleveragents.batch.runner import BatchRunner, invalid_payload
+from cleveragents.batch.source import BatchItem
+from cleveragents.errors import SchemaValidationError
+from cleveragents.runtime.invoke import parse_request
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.skills import SkillResult
+
+if TYPE_CHECKING:
+    from cleveragents.client import SkillClient
+
+__all__ = ["BatchStatus", "as_items", "batch_results", "batch_status", "run_many", "submit_batch"]
+
+#: Chunk size of background batches (no results come back to adapt it).
+SUBMIT_CHUNK = 100
+
+
+def as_items(requests: Iterable[SkillInvocationRequest | Mapping[str, Any]]) -> Iterator[BatchItem]:
+    """Requests (models or dicts) as batch items; an invalid one becomes an item with a problem."""
+    for number, raw in enumerate(requests, 1):
+        if isinstance(raw, SkillInvocationRequest):
+            yield BatchItem(number, raw.request_id, raw, None, raw.skill, raw.tool)
+            continue
+        try:
+            request = parse_request(raw)
+        except SchemaValidationError as exc:
+            data = raw if isinstance(raw, Mapping) else {}
+            rid, skill, tool = (data.get(k) for k in ("request_id", "skill", "tool"))
+            yield BatchItem(
+                number,
+                rid if isinstance(rid, str) else f"invalid-{uuid.uuid4()}",
+                None,
+                f"request {number}: {exc}",
+                skill if isinstance(skill, str) else "",
+                tool if isinstance(tool, str) else "",
+            )
+            continue
+        yield BatchItem(number, request.request_id, request, None, request.skill, request.tool)
+
+
+def run_many(
+    client: SkillClient,
+    items: Iterable[BatchItem],
+    *,
+    reuse: bool = True,
+    chunk_size: int | None = None,
+    window: int | None = None,
+) -> BatchRunner:
+    """A runner that submits ``items`` in chunks and yields their entries in input order."""
+    options: dict[str, Any] = {"reuse": reuse, "chunk_size": chunk_size}
+    if window is not None:
+        options["window"] = window
+    return BatchRunner(items, client.results, client.send_chunk, **options)
+
+
+def submit_batch(
+    client: SkillClient,
+    items: Iterable[BatchItem],
+    *,
+    batch_id: str | None = None,
+    source: str = "",
+) -> tuple[str, int]:
+    """Submit every item in chunks without waiting; returns the batch id and the count."""
+    batch_id = batch_id or uuid.uuid4().hex[:16]
+    ledger = client.ledger
+    meta: dict[str, Any] = {
+        "batch_id": batch_id,
+        "source": source,
+        "total": None,
+        "created": datetime.now(UTC).isoformat(),
+    }
+    ledger.set_meta(batch_id, meta)
+    total = 0
+    chunks: dict[bool, list[SkillInvocationRequest]] = {False: [], True: []}
+    ids: list[str] = []
+    invalid: list[tuple[str, dict[str, Any]]] = []
+
+    def flush(writes: bool) -> None:
+        if chunks[writes]:
+            client.send_chunk(chunks[writes])
+            chunks[writes] = []
+
+    for item in items:
+        total += 1
+        ids.append(item.request_id)
+        if item.request is None:
+            invalid.append((item.request_id, invalid_payload(item)))
+        else:
+            chunks[item.request.allow_writes].append(item.request)
+            if len(chunks[item.request.allow_writes]) >= SUBMIT_CHUNK:
+                ledger.append(batch_id, ids)
+                ids = []
+                flush(item.request.allow_writes)
+        if invalid and len(invalid) >= SUBMIT_CHUNK:
+            client.results.put_payloads(invalid)
+            invalid = []
+    ledger.append(batch_id, ids)
+    flush(False)
+    flush(True)
+    client.results.put_payloads(invalid)
+    ledger.set_meta(batch_id, {**meta, "total": total})
+    return batch_id, total
+
+
+@dataclass
+class BatchStatus:
+    """How far a background batch has come."""
+
+    batch_id: str
+    source: str
+    total: int
+    done: int = 0
+    succeeded: int = 0
+    failed_by_type: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        """How many finished invocations failed."""
+        return sum(self.failed_by_type.values())
+
+
+def _count(status: BatchStatus, payload: Mapping[str, Any]) -> None:
+    status.done += 1
+    if payload.get("success"):
+        status.succeeded += 1
+        return
+    error = payload.get("error") or {}
+    kind = str(error.get("error_type", "unknown")) if isinstance(error, dict) else "unknown"
+    status.failed_by_type[kind] = status.failed_by_type.get(kind, 0) + 1
+
+
+def batch_status(client: SkillClient, batch_id: str) -> BatchStatus | None:
+    """Counts of a background batch (None when there is no such batch)."""
+    meta = client.ledger.meta(batch_id)
+    if meta is None:
+        return None
+    status = BatchStatus(batch_id, str(meta.get("source", "")), int(meta.get("total") or 0))
+    page: list[str] = []
+    for rid in client.ledger.ids(batch_id):
+        page.append(rid)
+        if len(page) >= 2000:
+            for payload in client.results.get_payloads(page):
+                if payload is not None:
+                    _count(status, payload)
+            page = []
+    for payload in client.results.get_payloads(page):
+        if payload is not None:
+            _count(status, payload)
+    return status
+
+
+def batch_results(client: SkillClient, batch_id: str, *, poll_s: float = 0.05) -> Iterator[Entry]:
+    """Every result of a background batch, in input order, waiting for those not yet done."""
+    gather = OrderedGather(client.results)
+    ids = client.ledger.ids(batch_id)
+    exhausted = False
+    while True:
+        while not exhausted and len(gather) < 20_000:
+            rid = next(ids, None)
+            if rid is None:
+                exhausted = True
+                break
+            gather.add(Entry(0, rid))
+        ready = gather.poll()
+        yield from ready
+        if exhausted and not gather.pending:
+            return
+        if not ready:
+            time.sleep(poll_s)
+
+
+def results_in_order(runner: Iterable[Entry]) -> Iterator[SkillResult]:
+    """``SkillResult``s of a run, in input order."""
+    for entry in runner:
+        yield SkillResult.model_validate(entry.payload or {})

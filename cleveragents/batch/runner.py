@@ -1,0 +1,131 @@
+"""Run many requests: pack them into chunks, skip those already done, yield results in order.
+
+Chunks are ``DEFAULT_CHUNK`` requests: enough that Celery's per-message cost
+vanishes for millisecond tools. Fairness does not depend on the chunk size: a
+worker runs a chunk for one time slice and requeues the rest (tasks/batch.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from cleveragents.batch.gather import Entry, OrderedGather
+from cleveragents.batch.source import BatchItem
+from cleveragents.error_types import SkillErrorType
+from cleveragents.results import ResultStore
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.skills import SkillError, SkillResult
+from cleveragents.wire import result_payload
+
+__all__ = ["BatchRunner", "invalid_payload"]
+
+#: Requests per chunk message.
+DEFAULT_CHUNK = 500
+#: At most this many requests are submitted and not yet written out (bounds memory).
+DEFAULT_WINDOW = 20_000
+#: Longest pause between two reads of the result store.
+MAX_POLL_S = 0.02
+
+SendChunk = Callable[[list[SkillInvocationRequest]], None]
+
+
+def invalid_payload(item: BatchItem) -> dict[str, Any]:
+    """The stored form of a line that is not a valid request: a ``validation_error``."""
+    result = SkillResult(
+        skill_name=item.skill,
+        tool_name=item.tool,
+        success=False,
+        error=SkillError(
+            error_type=SkillErrorType.VALIDATION_ERROR,
+            message=item.problem or "invalid request",
+            details={"line": item.line},
+            skill_name=item.skill,
+            tool_name=item.tool or None,
+        ),
+    )
+    return result_payload(result, item.request_id)
+
+
+class BatchRunner:
+    """Submit ``items`` in chunks and yield ``Entry``s (with payloads) in input order."""
+
+    def __init__(
+        self,
+        items: Iterable[BatchItem],
+        store: ResultStore,
+        send_chunk: SendChunk,
+        *,
+        reuse: bool = True,
+        window: int = DEFAULT_WINDOW,
+        chunk_size: int | None = None,
+    ) -> None:
+        self.items = iter(items)
+        self.store = store
+        self.send_chunk = send_chunk
+        self.reuse = reuse
+        self.window = window
+        self.chunk_size = chunk_size or DEFAULT_CHUNK
+        self.gather = OrderedGather(store)
+        self.buffers: dict[bool, list[tuple[Entry, SkillInvocationRequest]]] = {False: [], True: []}
+        self.exhausted = False
+        self.submitted = 0
+        self.reused = 0
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End the run: submit nothing more and yield nothing more (Ctrl-C).
+
+        What was submitted still runs and is stored; running the batch again reuses it.
+        """
+        self.stopped = True
+
+    def _flush(self, writes: bool) -> None:
+        buffer = self.buffers[writes]
+        if not buffer:
+            return
+        self.buffers[writes] = []
+        if self.reuse:
+            ids = [entry.request_id for entry, _ in buffer]
+            for (entry, _), payload in zip(buffer, self.store.get_payloads(ids), strict=True):
+                entry.payload = payload
+        todo = [request for entry, request in buffer if entry.payload is None]
+        self.reused += len(buffer) - len(todo)
+        if todo:
+            self.send_chunk(todo)
+            self.submitted += len(todo)
+
+    def _fill(self) -> None:
+        window = self.window
+        while not self.exhausted and not self.stopped and len(self.gather) < window:
+            item = next(self.items, None)
+            if item is None:
+                self.exhausted = True
+                break
+            entry = Entry(item.line, item.request_id, item.skill, item.tool)
+            self.gather.add(entry)
+            if item.request is None:
+                entry.payload = invalid_payload(item)
+                continue
+            writes = item.request.allow_writes
+            self.buffers[writes].append((entry, item.request))
+            if len(self.buffers[writes]) >= self.chunk_size:
+                self._flush(writes)
+        if self.exhausted or len(self.gather) >= window:
+            self._flush(False)
+            self._flush(True)
+
+    def __iter__(self) -> Iterator[Entry]:
+        pause = 0.001
+        while not self.stopped:
+            self._fill()
+            ready = self.gather.release() or self.gather.poll()
+            if ready:
+                yield from ready
+                pause = 0.001
+                continue
+            if not self.gather.pending and self.exhausted:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_POLL_S)

@@ -1,0 +1,328 @@
+"""``cleveragents batch``: run a JSONL file of requests, or submit it in the background."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from cleveragents.batch.api import batch_results, batch_status, run_many, submit_batch
+from cleveragents.batch.source import BatchItem, read_jsonl
+from cleveragents.cli.render import CliFailure, err_console, print_json
+from cleveragents.cli.submit_cmd import local_worker_if_embedded
+from cleveragents.client import SkillClient
+from cleveragents.settings import Settings
+
+__all__ = ["batch"]
+
+
+class Tally:
+    """Counts of a run: succeeded, failed by error type, bad lines, reused results."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.succeeded = 0
+        self.failures: Counter[str] = Counter()
+
+    def add(self, payload: dict[str, Any]) -> None:
+        self.done += 1
+        if payload.get("success"):
+            self.succeeded += 1
+            return
+        error = payload.get("error")
+        kind = error.get("error_type", "unknown") if isinstance(error, dict) else "unknown"
+        self.failures[str(kind)] += 1
+
+    def failures_text(self) -> str:
+        if not self.failures:
+            return "no failures"
+        return ", ".join(f"{kind} {n}" for kind, n in self.failures.most_common())
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def _check_file(path: Path, allow_writes: bool) -> list[BatchItem]:
+    return [item for item in read_jsonl(path, allow_writes=allow_writes) if item.problem]
+
+
+def _input(path_text: str, allow_writes: bool, strict: bool) -> Path:
+    path = Path(path_text)
+    if not path.is_file():
+        raise CliFailure(f"no such file: {path_text}")
+    if strict:
+        bad = _check_file(path, allow_writes)
+        if bad:
+            for item in bad:
+                click.echo(f"error: {item.problem}", err=True)
+            raise CliFailure(f"{len(bad)} invalid line(s); nothing was run (--strict)")
+    return path
+
+
+def _progress(total: int) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[rate]}/s"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[failures]}"),
+        console=err_console,
+        disable=not err_console.is_terminal,
+        refresh_per_second=8,
+    )
+
+
+def _summary(tally: Tally, total: int, bad: list[str], elapsed: float, reused: int) -> None:
+    table = Table(title="batch summary", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("requests", str(total))
+    table.add_row("succeeded", str(tally.succeeded))
+    for kind, n in tally.failures.most_common():
+        table.add_row(f"failed: {kind}", str(n))
+    if reused:
+        table.add_row("reused from an earlier run", str(reused))
+    table.add_row("elapsed", f"{elapsed:.1f}s")
+    table.add_row("rate", f"{tally.done / elapsed:,.0f}/s" if elapsed > 0 else "-")
+    err_console.print(table)
+    for problem in bad[:20]:
+        err_console.print(f"[red]bad line:[/] {problem}", markup=True, highlight=False)
+    if len(bad) > 20:
+        err_console.print(f"... and {len(bad) - 20} more bad lines")
+
+
+def _exit_code(tally: Tally, bad: list[str]) -> int:
+    if bad:
+        return 2
+    return 1 if tally.failures else 0
+
+
+def _write_all(
+    entries: Iterator[Any],
+    out: TextIO,
+    tally: Tally,
+    progress: Progress,
+    task: Any,
+    bad: list[str],
+    bad_lines: dict[int, str],
+) -> None:
+    started = time.monotonic()
+    last = 0.0
+    for entry in entries:
+        payload = entry.payload or {}
+        out.write(json.dumps(payload, ensure_ascii=False) + "\n")
+        tally.add(payload)
+        problem = bad_lines.pop(entry.line, None)
+        if problem:
+            bad.append(problem)
+        now = time.monotonic()
+        if now - last > 0.1:
+            last = now
+            rate = tally.done / (now - started) if now > started else 0.0
+            progress.update(
+                task, completed=tally.done, rate=f"{rate:,.0f}", failures=tally.failures_text()
+            )
+
+
+class _BadLines(dict[int, str]):
+    """Line numbers of invalid lines (found while reading) and why."""
+
+
+def _tracked(items: Iterator[BatchItem], bad_lines: _BadLines) -> Iterator[BatchItem]:
+    for item in items:
+        if item.problem:
+            bad_lines[item.line] = item.problem
+        yield item
+
+
+@click.group()
+def batch() -> None:
+    """Run many invocations from a JSONL file (one request a line)."""
+
+
+@batch.command("run")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Write one result a line here, in input order.",
+)
+@click.option(
+    "--allow-writes",
+    is_flag=True,
+    help="Honour allow_writes on the file's lines (without it no line may write).",
+)
+@click.option("--strict", is_flag=True, help="Run nothing if any line is not a valid request.")
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(1, 10_000),
+    default=None,
+    help="Requests per Celery message (default 500).",
+)
+def run_batch(
+    file: str, out_path: str, allow_writes: bool, strict: bool, chunk_size: int | None
+) -> None:
+    """Run every request of FILE and write every result to --out, in input order.
+
+    Running the same command again resumes: results already stored are reused.
+    """
+    path = _input(file, allow_writes, strict)
+    total = _count_lines(path)
+    settings = Settings.from_env()
+    tally, bad, bad_lines = Tally(), list[str](), _BadLines()
+    started = time.monotonic()
+    with SkillClient(settings=settings) as client, open(out_path, "w", encoding="utf-8") as out:
+        runner = run_many(
+            client,
+            _tracked(read_jsonl(path, allow_writes=allow_writes), bad_lines),
+            chunk_size=chunk_size,
+        )
+        progress = _progress(total)
+        try:
+            with local_worker_if_embedded(settings), progress:
+                task = progress.add_task("batch", total=total, rate="0", failures="")
+                _write_all(iter(runner), out, tally, progress, task, bad, bad_lines)
+                progress.update(task, completed=tally.done, failures=tally.failures_text())
+        except KeyboardInterrupt:
+            runner.stop()
+            out.flush()
+            click.echo(
+                f"\ninterrupted: {tally.done} of {total} results written to {out_path}; "
+                f"what was submitted keeps running. Run the same command again to resume "
+                f"(stored results are reused, nothing runs twice).",
+                err=True,
+            )
+            raise click.exceptions.Exit(130) from None
+    _summary(tally, total, bad, time.monotonic() - started, runner.reused)
+    raise click.exceptions.Exit(_exit_code(tally, bad))
+
+
+@batch.command("submit")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--allow-writes",
+    is_flag=True,
+    help="Honour allow_writes on the file's lines (without it no line may write).",
+)
+@click.option("--strict", is_flag=True, help="Submit nothing if any line is not a valid request.")
+@click.option("--batch-id", metavar="ID", help="Name the batch (default: a new id).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def submit_file(
+    file: str, allow_writes: bool, strict: bool, batch_id: str | None, as_json: bool
+) -> None:
+    """Submit every request of FILE without waiting; print the batch id.
+
+    Needs a worker serving the broker (`cleveragents worker`).
+    """
+    path = _input(file, allow_writes, strict)
+    with SkillClient() as client:
+        bid, total = submit_batch(
+            client,
+            read_jsonl(path, allow_writes=allow_writes),
+            batch_id=batch_id,
+            source=str(path.resolve()),
+        )
+    if as_json:
+        print_json({"batch_id": bid, "total": total})
+    else:
+        click.echo(bid)
+        click.echo(
+            f"{total} requests submitted; `cleveragents batch status {bid}` to follow", err=True
+        )
+
+
+@batch.command("status")
+@click.argument("batch_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(batch_id: str, as_json: bool) -> None:
+    """How far batch ID has come (exit 0 when done and all succeeded, 1 otherwise)."""
+    with SkillClient() as client:
+        found = batch_status(client, batch_id)
+    if found is None:
+        raise CliFailure(f"no such batch: {batch_id}")
+    if as_json:
+        print_json(
+            {
+                "batch_id": found.batch_id,
+                "source": found.source,
+                "total": found.total,
+                "done": found.done,
+                "succeeded": found.succeeded,
+                "failed": found.failed,
+                "failed_by_type": found.failed_by_type,
+            }
+        )
+    else:
+        click.echo(
+            f"{found.batch_id}: {found.done} of {found.total} done, "
+            f"{found.succeeded} succeeded, {found.failed} failed"
+            + (
+                f" ({', '.join(f'{k} {v}' for k, v in found.failed_by_type.items())})"
+                if found.failed_by_type
+                else ""
+            )
+        )
+    complete = found.done >= found.total
+    raise click.exceptions.Exit(0 if complete and not found.failed else 1)
+
+
+@batch.command("results")
+@click.argument("batch_id", metavar="ID")
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Write one result a line here, in input order.",
+)
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    help="Wait for unfinished invocations (default) or stop at the first one.",
+)
+def results(batch_id: str, out_path: str, wait: bool) -> None:
+    """Write every result of batch ID to --out, in input order."""
+    with SkillClient() as client:
+        found = batch_status(client, batch_id)
+        if found is None:
+            raise CliFailure(f"no such batch: {batch_id}")
+        if not wait and found.done < found.total:
+            raise CliFailure(
+                f"{batch_id} is not finished: {found.done} of {found.total} done", exit_code=1
+            )
+        tally = Tally()
+        with open(out_path, "w", encoding="utf-8") as out:
+            for entry in batch_results(client, batch_id):
+                payload = entry.payload or {}
+                out.write(json.dumps(payload, ensure_ascii=False) + "\n")
+                tally.add(payload)
+    click.echo(f"{tally.done} results written to {out_path}; {tally.failures_text()}", err=True)
+    raise click.exceptions.Exit(1 if tally.failures else 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(batch())

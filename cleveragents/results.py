@@ -1,0 +1,131 @@
+"""Many results at once: read and write stored ``SkillResult``s in one round trip.
+
+The store speaks the Celery result backend's own key and meta format, so a
+result written here (by the batch path) reads like any task result: through
+``AsyncResult``, ``SkillClient.get`` or ``cleveragents result ID``. With Redis,
+reads are one ``MGET`` and writes one pipeline; other key-value backends (the
+embedded file store) fall back to one call per key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from cleveragents.skills import SkillResult
+from cleveragents.wire import (
+    WIRE_MODULE,
+    SkillInvocationFailed,
+    failure_summary,
+    result_from_stored,
+    result_payload,
+)
+
+__all__ = ["ResultStore", "stored_meta"]
+
+_READY = ("SUCCESS", "FAILURE")
+
+
+def stored_meta(result: SkillResult, request_id: str) -> dict[str, Any]:
+    """The Celery meta of a finished invocation: SUCCESS with the payload, or FAILURE."""
+    payload = result_payload(result, request_id)
+    if result.success:
+        status, value = "SUCCESS", payload
+    else:
+        status = "FAILURE"
+        value = {
+            "exc_type": SkillInvocationFailed.__name__,
+            "exc_message": [failure_summary(result), payload],
+            "exc_module": WIRE_MODULE,
+        }
+    return {
+        "status": status,
+        "result": value,
+        "traceback": None,
+        "children": [],
+        "date_done": datetime.now(UTC).isoformat(),
+        "task_id": request_id,
+    }
+
+
+def payload_of(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored ``SkillResult`` payload (fields plus ``request_id``) of a meta, if finished."""
+    if meta.get("status") not in _READY:
+        return None
+    value = meta.get("result")
+    if meta["status"] == "FAILURE" and isinstance(value, dict):
+        message = value.get("exc_message")
+        if isinstance(message, list) and len(message) == 2 and isinstance(message[1], dict):
+            return message[1]
+        request_id = str(meta.get("task_id") or "")
+        return result_payload(result_from_stored(value, request_id), request_id)
+    return value if isinstance(value, dict) else None
+
+
+class ResultStore:
+    """Bulk access to the results in a Celery key-value result backend."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        client = getattr(backend, "client", None)  # the Redis backend's redis-py client
+        self._redis = client if hasattr(client, "pipeline") else None
+
+    def _key(self, request_id: str) -> Any:
+        # The backend's own key type (bytes for the file store and Redis alike).
+        return self.backend.get_key_for_task(request_id)
+
+    def get_payloads(self, request_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The stored payload of each id (None where there is none yet), in order."""
+        if not request_ids:
+            return []
+        raw = self.backend.mget([self._key(i) for i in request_ids])
+        out: list[dict[str, Any] | None] = []
+        for value in raw:
+            if value is None:
+                out.append(None)
+                continue
+            try:
+                meta = json.loads(value)
+            except ValueError:  # a file being written: not there yet
+                out.append(None)
+                continue
+            out.append(payload_of(meta) if isinstance(meta, dict) else None)
+        return out
+
+    def existing(self, request_ids: Sequence[str]) -> set[str]:
+        """The ids among ``request_ids`` that already have a finished result."""
+        payloads = self.get_payloads(request_ids)
+        return {rid for rid, p in zip(request_ids, payloads, strict=True) if p is not None}
+
+    def put_many(self, items: Iterable[tuple[str, SkillResult]]) -> None:
+        """Store finished results, each under its own request id, in one round trip."""
+        self._write([(self._key(rid), stored_meta(result, rid)) for rid, result in items])
+
+    def put_payloads(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Store already-encoded result payloads (fields plus ``request_id``)."""
+        self._write(
+            [
+                (self._key(rid), stored_meta(SkillResult.model_validate(payload), rid))
+                for rid, payload in items
+            ]
+        )
+
+    def _write(self, metas: list[tuple[Any, dict[str, Any]]]) -> None:
+        if not metas:
+            return
+        if self._redis is not None:
+            expires = self.backend.expires
+            with self._redis.pipeline(transaction=False) as pipe:
+                for key, meta in metas:
+                    value = json.dumps(meta)
+                    if expires:
+                        pipe.setex(key, int(expires), value)
+                    else:
+                        pipe.set(key, value)
+                    pipe.publish(key, value)  # wakes a client waiting on this id
+                pipe.execute()
+            return
+        for key, meta in metas:
+            self.backend.set(key, json.dumps(meta))
