@@ -9,6 +9,7 @@ requests and timeouts. Tool fixtures live in ``tests/fixtures``.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import threading
 import time
@@ -21,6 +22,7 @@ from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.runtime import (
     DEFAULT_TIMEOUT_S,
     SkillInvocationRequest,
+    ToolTimeout,
     effective_timeout,
     invoke,
 )
@@ -125,7 +127,7 @@ def in_thread(req: Any, cat: Catalogue) -> tuple[SkillResult, float]:
         box["result"] = invoke(req, cat)
         box["elapsed"] = time.monotonic() - started
 
-    thread = threading.Thread(target=target, name="not-main")
+    thread = threading.Thread(target=target, name="not-main", daemon=True)
     thread.start()
     thread.join(timeout=10)
     assert not thread.is_alive(), "the tool was never stopped"
@@ -867,3 +869,56 @@ def test_the_example_read_tools_work_through_every_skill_that_reaches_them() -> 
         assert result.output_data == {"words": 3}
     stats = run(request("local/line-stats", "local/research", arguments={"text": "a\nb"}), cat)
     assert stats.output_data == {"lines": 2, "chars": 3}
+
+
+# --- deadlines under stress -----------------------------------------------------------------
+
+
+def _near_the_deadline(rounds: int, seed: int) -> tuple[int, int]:
+    """Run tools that end just before or just after their deadline; count timeouts and strays.
+
+    A stray is an interruption that surfaces after ``invoke`` returned: in code that is not
+    the tool's.
+    """
+    rng = random.Random(seed)
+    cat = single(py_tool("test/busy", "busy_loop", timeout_s=0.005))
+    timeouts = strays = 0
+    for _ in range(rounds):
+        req = request("test/busy", arguments={"seconds": rng.uniform(0.003, 0.007)})
+        result = invoke(req, cat)
+        if not result.success:
+            assert result.error is not None
+            assert result.error.details["reason"] == "timeout", result.error
+            timeouts += 1
+        try:
+            end = time.monotonic() + 0.002
+            while time.monotonic() < end:
+                pass
+        except ToolTimeout:
+            strays += 1
+    return timeouts, strays
+
+
+def test_tools_ending_at_their_deadline_never_leave_an_interruption_behind() -> None:
+    timeouts, strays = _near_the_deadline(150, seed=1)
+
+    assert strays == 0
+    assert 0 < timeouts < 150
+
+
+def test_threads_ending_at_their_deadline_neither_deadlock_nor_leave_interruptions() -> None:
+    outcomes: list[tuple[int, int]] = []
+
+    def target(seed: int) -> None:
+        outcomes.append(_near_the_deadline(80, seed))
+
+    threads = [threading.Thread(target=target, args=(seed,), daemon=True) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    give_up = time.monotonic() + 20
+    for thread in threads:
+        thread.join(timeout=max(0.0, give_up - time.monotonic()))
+
+    assert not any(t.is_alive() for t in threads), "timed invocations deadlocked"
+    assert sum(strays for _, strays in outcomes) == 0
+    assert sum(timeouts for timeouts, _ in outcomes) > 0

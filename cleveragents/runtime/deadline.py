@@ -8,74 +8,82 @@ tool's thread with ``PyThreadState_SetAsyncExc``, which takes effect at the
 tool's next Python bytecode. Either way the exception is re-delivered every
 ``REPEAT_S`` until the tool has unwound, so a tool that catches it once is hit
 again. ``ToolTimeout`` derives from ``BaseException`` so that a tool's
-``except Exception`` does not swallow it. Cost per invocation: two ``setitimer``
-calls (main thread), or a heap push under a lock (other threads).
+``except Exception`` does not swallow it.
+
+An interruption is only ever raised in the body of the deadline: never while it
+is being set up or taken down (where it would leave the timer or the watchdog
+armed, and interrupt code that is not the tool's), and never once the frame that
+entered it has gone. Cost per invocation: two ``setitimer`` and two ``signal``
+calls, about 2 us (main thread), or a heap push under a lock (other threads).
 """
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # C module: skips ~3 us of enum wrapping
 import ctypes
 import heapq
 import itertools
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any, Literal
 
-__all__ = ["REPEAT_S", "ToolTimeout", "deadline"]
+__all__ = ["REPEAT_S", "ToolTimeout", "call_with_deadline", "deadline"]
 
 #: After the first interruption, how often the tool is interrupted again until it stops.
 REPEAT_S = 0.05
+
+_Where = Literal["body", "machinery", "gone"]
 
 
 class ToolTimeout(BaseException):
     """Raised inside a tool whose time is up."""
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise ToolTimeout
+def _where(frame: FrameType | None, guarded: FrameType) -> _Where:
+    """Whether ``frame`` runs the body of a deadline entered in ``guarded``, or its machinery."""
+    while frame is not None:
+        if frame is guarded:
+            return "body"
+        if frame.f_code in _MACHINERY:
+            return "machinery"
+        frame = frame.f_back
+    return "gone"
 
 
-@contextmanager
-def _alarm(timeout_s: float) -> Iterator[None]:
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    armed_at = time.monotonic()
-    # An outer timer (a deadline further out, pytest-timeout) is put back afterwards.
-    outer, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, REPEAT_S)
-    try:
-        yield
-    finally:
-        while True:
-            try:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
-                break
-            except ToolTimeout:
-                # The alarm went off while it was being disarmed: disarm again, or it
-                # would keep firing into code that is not the tool's.
-                continue
-        if outer > 0:
-            left = outer - (time.monotonic() - armed_at)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), outer_interval)
+#: Frames that entered a deadline in the main thread, innermost last.
+_main_guards: list[FrameType] = []
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    if _main_guards and _where(frame, _main_guards[-1]) == "body":
+        raise ToolTimeout
+    # Being set up or taken down: the timer repeats, and __exit__ disarms it.
 
 
 class _Watchdog:
     """One daemon thread that interrupts other threads whose deadline has passed."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int]] = []
-        self._active: dict[int, int] = {}
-        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._active: dict[int, tuple[int, FrameType]] = {}
+        # A plain lock, taken with ``with`` by the tool threads: acquiring and releasing it
+        # runs no Python code, so an interruption delivered to a tool thread can never
+        # leave it held. (A Condition's own __enter__ and __exit__ are Python methods:
+        # one landing there deadlocked every later timed invocation.)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def arm(self, timeout_s: float, thread_id: int) -> int:
+    def arm(self, timeout_s: float, thread_id: int, guarded: FrameType) -> int:
         token = next(self._ids)
-        with self._cond:
-            self._active[token] = thread_id
-            heapq.heappush(self._heap, (time.monotonic() + timeout_s, token, thread_id))
+        with self._lock:
+            self._active[token] = (thread_id, guarded)
+            heapq.heappush(self._heap, (time.monotonic() + timeout_s, token))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="tool-deadlines", daemon=True
@@ -85,19 +93,12 @@ class _Watchdog:
         return token
 
     def disarm(self, token: int) -> None:
-        while True:
-            try:
-                with self._cond:
-                    thread_id = self._active.pop(token, None)
-                if thread_id is not None:
-                    # Withdraw an interruption that was set but not yet delivered: it
-                    # must not surface later, in code that is not the tool's.
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
-                return
-            except ToolTimeout:
-                # Delivered here, before the token was withdrawn: withdraw it now, or
-                # the watchdog would keep interrupting this thread.
-                continue
+        with self._lock:
+            entry = self._active.pop(token, None)
+        if entry is not None:
+            # Withdraw an interruption that was set but not yet delivered: it must
+            # not surface later, in code that is not the tool's.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(entry[0]), None)
 
     def _run(self) -> None:
         with self._cond:
@@ -107,37 +108,93 @@ class _Watchdog:
                 if not self._heap:
                     self._cond.wait()
                     continue
-                due, token, thread_id = self._heap[0]
+                due, token = self._heap[0]
                 wait = due - time.monotonic()
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
-                heapq.heapreplace(self._heap, (time.monotonic() + REPEAT_S, token, thread_id))
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(thread_id), ctypes.py_object(ToolTimeout)
-                )
+                thread_id, guarded = self._active[token]
+                where = _where(sys._current_frames().get(thread_id), guarded)
+                if where == "gone":  # left without disarming (interrupted on its way out)
+                    del self._active[token]
+                    continue
+                heapq.heapreplace(self._heap, (time.monotonic() + REPEAT_S, token))
+                if where == "body":
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(thread_id), ctypes.py_object(ToolTimeout)
+                    )
 
 
 _watchdog = _Watchdog()
 
 
-@contextmanager
-def _watched(timeout_s: float) -> Iterator[None]:
-    token = _watchdog.arm(timeout_s, threading.get_ident())
-    try:
-        yield
-    finally:
-        _watchdog.disarm(token)
+class _Deadline:
+    """The context manager ``deadline`` returns; its body is the frame that enters it."""
+
+    __slots__ = ("_armed_at", "_main", "_outer", "_previous", "_timeout_s", "_token")
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._main = False
+        self._token: int | None = None
+        self._previous: Any = None
+        self._outer = (0.0, 0.0)
+        self._armed_at = 0.0
+
+    def __enter__(self) -> None:
+        guarded = sys._getframe(1)
+        if threading.current_thread() is not threading.main_thread():
+            self._token = _watchdog.arm(self._timeout_s, threading.get_ident(), guarded)
+            return
+        self._main = True
+        _main_guards.append(guarded)
+        self._previous = _signal.signal(signal.SIGALRM, _on_alarm)
+        self._armed_at = time.monotonic()
+        # An outer timer (a deadline further out, pytest-timeout) is put back afterwards.
+        self._outer = signal.setitimer(signal.ITIMER_REAL, self._timeout_s, REPEAT_S)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if not self._main:
+            if self._token is not None:
+                _watchdog.disarm(self._token)
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _signal.signal(signal.SIGALRM, self._previous)
+        _main_guards.pop()
+        outer, interval = self._outer
+        if outer > 0:
+            left = outer - (time.monotonic() - self._armed_at)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)
 
 
-def deadline(timeout_s: float) -> Any:
-    """A context manager that raises ``ToolTimeout`` in its body once ``timeout_s`` has passed."""
-    if threading.current_thread() is threading.main_thread():
-        return _alarm(timeout_s)
-    return _watched(timeout_s)
+_MACHINERY = frozenset(
+    {
+        _Deadline.__enter__.__code__,
+        _Deadline.__exit__.__code__,
+        _Watchdog.arm.__code__,
+        _Watchdog.disarm.__code__,
+    }
+)
 
 
-def call_with_deadline(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """Call ``fn``; raise ``ToolTimeout`` if it runs longer than ``timeout_s``."""
+def deadline(timeout_s: float) -> _Deadline:
+    """A context manager that raises ``ToolTimeout`` in its body once ``timeout_s`` has passed.
+
+    The body is the code of the frame that enters it (and what that code calls);
+    enter it in a function that returns right after the ``with`` block, as
+    ``call_with_deadline`` does.
+    """
+    return _Deadline(timeout_s)
+
+
+def call_with_deadline(
+    fn: Callable[..., Any], timeout_s: float, /, *args: Any, **kwargs: Any
+) -> Any:
+    """Call ``fn(*args, **kwargs)``; raise ``ToolTimeout`` if it runs longer than ``timeout_s``."""
     with deadline(timeout_s):
-        return fn()
+        return fn(*args, **kwargs)

@@ -205,7 +205,8 @@ def _execute(
         entry, request.arguments, effective_timeout(entry, request, default_timeout_s)
     )
     data = _as_json(data, tool.name, "output")
-    changes = _as_json(changes, tool.name, "resource changes")
+    if changes:
+        changes = _as_json(changes, tool.name, "resource changes")
     validate(tool.output_schema, data, root="output", source="tool output_schema")
     validate(definition.output_schema, data, root="output", source="skill output_schema")
     return data, changes

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cleveragents.errors import ToolActivationError
-from cleveragents.runtime.deadline import deadline
+from cleveragents.runtime.deadline import call_with_deadline
 from cleveragents.skills import ToolSpec
 
 __all__ = ["activate", "run_python_tool"]
@@ -59,5 +59,4 @@ def run_python_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float)
         BaseException: whatever the tool raised.
     """
     fn = activate(tool)
-    with deadline(timeout_s):
-        return fn(**arguments)
+    return call_with_deadline(fn, timeout_s, **arguments)
