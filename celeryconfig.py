@@ -77,6 +77,10 @@ def settings_for(settings: Settings) -> dict[str, Any]:
                 "socket_timeout": 30,
                 "socket_connect_timeout": 10,
                 "retry_on_timeout": True,
+                # Fetch from the queues in the order the worker consumes them (reads,
+                # writes, then batches) instead of round robin: when a process frees
+                # up, a waiting interactive invocation goes before the next batch slice.
+                "queue_order_strategy": "priority",
             },
             # Flower and `celery events` show every invocation: events on, and a
             # "sent" event so a waiting invocation is visible before a worker takes it.

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.skills import SkillResult
 from cleveragents.wire import (
     WIRE_MODULE,
@@ -23,7 +24,7 @@ from cleveragents.wire import (
     result_payload,
 )
 
-__all__ = ["ResultStore", "stored_meta"]
+__all__ = ["ResultStore", "refused_for_writes", "stored_meta"]
 
 _READY = ("SUCCESS", "FAILURE")
 
@@ -64,6 +65,15 @@ def payload_of(meta: dict[str, Any]) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def refused_for_writes(payload: dict[str, Any]) -> bool:
+    """True when the result is a refusal by the request's own write gate, and only that."""
+    error = payload.get("error")
+    if not isinstance(error, dict) or error.get("error_type") != "permission_denied":
+        return False
+    details = error.get("details")
+    return isinstance(details, dict) and details.get("gates") == [GATE_REQUEST]
+
+
 class ResultStore:
     """Bulk access to the results in a Celery key-value result backend."""
 
@@ -98,6 +108,41 @@ class ResultStore:
         """The ids among ``request_ids`` that already have a finished result."""
         payloads = self.get_payloads(request_ids)
         return {rid for rid, p in zip(request_ids, payloads, strict=True) if p is not None}
+
+    def reusable(
+        self,
+        request_ids: Sequence[str],
+        allow_writes: Sequence[bool],
+        *,
+        forget_stale: bool = False,
+    ) -> list[dict[str, Any] | None]:
+        """The stored payload of each id where it answers that request, else None.
+
+        A result refused only because the request did not allow writes does not
+        answer the same request sent again with writes allowed (the run where the
+        user forgot ``--allow-writes``): it runs again. With ``forget_stale`` such a
+        result is deleted, so that nobody reads it while the new run is on its way.
+        """
+        payloads = self.get_payloads(request_ids)
+        out: list[dict[str, Any] | None] = []
+        stale: list[str] = []
+        for rid, payload, writes in zip(request_ids, payloads, allow_writes, strict=True):
+            if payload is not None and writes and refused_for_writes(payload):
+                stale.append(rid)
+                payload = None
+            out.append(payload)
+        if forget_stale and stale:
+            self.forget(stale)
+        return out
+
+    def forget(self, request_ids: Sequence[str]) -> None:
+        """Delete the stored results of ``request_ids``."""
+        keys = [self._key(rid) for rid in request_ids]
+        if self._redis is not None:
+            self._redis.delete(*keys)
+            return
+        for key in keys:
+            self.backend.delete(key)
 
     def put_many(self, items: Iterable[tuple[str, SkillResult]]) -> None:
         """Store finished results, each under its own request id, in one round trip."""

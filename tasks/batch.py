@@ -25,6 +25,8 @@ __all__ = ["invoke_chunk"]
 SLICE_S = 0.02
 #: Results are written at least every this many invocations.
 FLUSH_EVERY_N = 250
+#: Requests whose stored results are looked up at once (the slice may end before the rest).
+CHECK_EVERY_N = 32
 
 
 def _request_id(body: Any) -> str | None:
@@ -48,28 +50,45 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
     """
     bodies = requests if isinstance(requests, list) else []
     store = ResultStore(self.app.backend)
-    done = store.existing([rid for rid in map(_request_id, bodies) if rid is not None])
     pending: list[tuple[str, SkillResult]] = []
+    seen: set[str] = set()
     ran = skipped = 0
     started = time.monotonic()
-    for index, body in enumerate(bodies):
-        if index and time.monotonic() - started > SLICE_S:
+    for start in range(0, len(bodies), CHECK_EVERY_N):
+        if start and time.monotonic() - started > SLICE_S:
             store.put_many(pending)
-            _requeue(self, bodies[index:])
-            break
-        rid = _request_id(body)
-        if rid is None or rid in done:
-            skipped += 1  # no id to store a result under, or already finished
-            continue
-        done.add(rid)  # the same id twice in one chunk runs once
-        pending.append((rid, run_request(body)))
-        ran += 1
+            _requeue(self, bodies[start:])
+            return {"invocations": len(bodies), "ran": ran, "skipped": skipped}
+        group = bodies[start : start + CHECK_EVERY_N]
+        for body, finished in zip(group, _finished(store, group), strict=True):
+            rid = _request_id(body)
+            if rid is None or finished or rid in seen:
+                skipped += 1  # no id to store a result under, or already finished
+                continue
+            seen.add(rid)  # the same id twice in one chunk runs once
+            pending.append((rid, run_request(body)))
+            ran += 1
         if len(pending) >= FLUSH_EVERY_N:
             store.put_many(pending)
             pending = []
-    else:
-        store.put_many(pending)
+    store.put_many(pending)
     return {"invocations": len(bodies), "ran": ran, "skipped": skipped}
+
+
+def _finished(store: ResultStore, bodies: list[Any]) -> list[bool]:
+    ids = [_request_id(body) for body in bodies]
+    known = [(i, rid) for i, rid in enumerate(ids) if rid is not None]
+    payloads = store.reusable(
+        [rid for _, rid in known],
+        [
+            bool(isinstance(bodies[i], dict) and bodies[i].get("allow_writes") is True)
+            for i, _ in known
+        ],
+    )
+    finished = [False] * len(bodies)
+    for (i, _), payload in zip(known, payloads, strict=True):
+        finished[i] = payload is not None
+    return finished
 
 
 def _requeue(task: Task[Any, Any], rest: list[Any]) -> None:

@@ -10,10 +10,27 @@ import redis
 
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
-from tests.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, Worker
+from tests.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, RedisServer, Worker
 
-#: The Redis every queue test uses: the machine's, on a database of its own.
-REDIS_URL = os.environ.get("CLEVERAGENTS_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+#: Set to use an existing Redis (e.g. redis://127.0.0.1:6379/11) instead of a private one.
+EXTERNAL_REDIS_URL = os.environ.get("CLEVERAGENTS_TEST_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def session_redis_url() -> Iterator[str]:
+    """A real Redis for the whole session: a private ``redis-server`` on a free port.
+
+    Private, so that nothing else on the machine (another suite, a benchmark's
+    worker) consumes the tests' queues or flushes their keys.
+    """
+    if EXTERNAL_REDIS_URL:
+        yield EXTERNAL_REDIS_URL
+        return
+    server = RedisServer(persistence=False).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -25,14 +42,14 @@ def _no_ambient_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def redis_url() -> Iterator[str]:
-    """The test database of the machine's Redis, emptied before each test."""
-    client = redis.Redis.from_url(REDIS_URL)
+def redis_url(session_redis_url: str) -> Iterator[str]:
+    """The session's Redis, emptied before each test."""
+    client = redis.Redis.from_url(session_redis_url)
     try:
         client.flushdb()
     except redis.ConnectionError as exc:  # fail loudly: CI must not skip queue tests
-        pytest.fail(f"Redis at {REDIS_URL} is not reachable: {exc}")
-    yield REDIS_URL
+        pytest.fail(f"Redis at {session_redis_url} is not reachable: {exc}")
+    yield session_redis_url
     client.close()
 
 

@@ -88,7 +88,9 @@ class BatchRunner:
         self.buffers[writes] = []
         if self.reuse:
             ids = [entry.request_id for entry, _ in buffer]
-            for (entry, _), payload in zip(buffer, self.store.get_payloads(ids), strict=True):
+            writes_allowed = [request.allow_writes for _, request in buffer]
+            payloads = self.store.reusable(ids, writes_allowed, forget_stale=True)
+            for (entry, _), payload in zip(buffer, payloads, strict=True):
                 entry.payload = payload
         todo = [request for entry, request in buffer if entry.payload is None]
         self.reused += len(buffer) - len(todo)
