@@ -108,7 +108,15 @@ def settings_for(settings: Settings) -> dict[str, Any]:
         worker_prefetch_multiplier=1,
         # Results live long enough for a batch to be resumed, then expire.
         result_expires=settings.result_expires_s,
-        # Keep working through broker and backend hiccups instead of failing tasks.
+        # Keep working through broker and backend hiccups instead of failing tasks:
+        # a producer retries a publish for about a minute (a Redis restart), not 0.6 s.
+        task_publish_retry=True,
+        task_publish_retry_policy={
+            "max_retries": 40,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         result_backend_always_retry=True,

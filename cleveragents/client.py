@@ -132,11 +132,26 @@ class SkillClient:
                 request_id=request_id,
                 timeout_s=timeout_s,
             )
-        self.send(request)
+        # A request id the caller chose may be finished already: then its stored
+        # result is the answer and nothing is sent (a fresh UUID cannot be).
+        self.send(
+            request,
+            skip_if_done=request_id is not None or isinstance(skill, SkillInvocationRequest),
+        )
         return InvocationHandle(request.request_id, self)
 
-    def send(self, request: SkillInvocationRequest) -> None:
-        """Publish one request on its queue (writes travel on the write queue)."""
+    def send(self, request: SkillInvocationRequest, *, skip_if_done: bool = True) -> bool:
+        """Publish one request on its queue (writes travel on the write queue).
+
+        With ``skip_if_done`` a request id that already has a stored result (that
+        answers this request) is not sent again. Returns whether it was sent.
+        """
+        if skip_if_done:
+            [stored] = self.results.reusable(
+                [request.request_id], [request.allow_writes], forget_stale=True
+            )
+            if stored is not None:
+                return False
         self.app.send_task(
             TASK_INVOKE,
             args=[request_payload(request)],
@@ -145,6 +160,7 @@ class SkillClient:
             argsrepr=redacted_repr(request),
             kwargsrepr="{}",
         )
+        return True
 
     def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
         """Publish many requests as one message on the batch queue (write queue if any writes)."""

@@ -24,13 +24,29 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cleveragents.constants import CLAIM_KEY_PREFIX
+from cleveragents.error_types import SkillErrorType
+from cleveragents.errors import ToolExecutionError
+from cleveragents.retry import retrying
+from cleveragents.runtime.invoke import BeforeWrite
+from cleveragents.skills import SkillError, SkillResult
+from cleveragents.wire import result_payload
 
-__all__ = ["MAX_ATTEMPTS", "Claim", "Guard", "guard_for"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "Claim",
+    "Guard",
+    "WriteAlreadyClaimed",
+    "guard_for",
+    "interrupted_result",
+    "poison_result",
+    "run_at_most_once",
+]
 
 #: Deliveries of one invocation before it is finished as a poison message.
 MAX_ATTEMPTS = 3
@@ -41,11 +57,12 @@ _HOST = socket.gethostname()
 
 @dataclass(frozen=True)
 class Claim:
-    """Who started a write, and until when it may still be running."""
+    """Who started a write, until when it may still be running, and its result once done."""
 
     host: str
     pid: int
     until: float
+    done: dict[str, Any] | None = None
 
     def owner_alive(self) -> bool:
         """False when the owner is known to be dead (same host, no such process)."""
@@ -71,7 +88,13 @@ def _claim_text(deadline_s: float) -> str:
 def _parse_claim(raw: Any) -> Claim:
     try:
         data = json.loads(raw)
-        return Claim(str(data["host"]), int(data["pid"]), float(data["until"]))
+        done = data.get("done")
+        return Claim(
+            str(data["host"]),
+            int(data["pid"]),
+            float(data["until"]),
+            done if isinstance(done, dict) else None,
+        )
     except (ValueError, KeyError, TypeError):
         return Claim("", 0, 0.0)
 
@@ -97,11 +120,16 @@ class Guard:
         """Count one more delivery of ``request_id``; return how many there have been."""
         if self.redis is not None:
             key = self._key("attempts", request_id)
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incr(key)
-                pipe.expire(key, self.ttl)
-                count, _ = pipe.execute()
-            return int(count)
+            client = self.redis
+
+            def count() -> int:
+                with client.pipeline(transaction=False) as pipe:
+                    pipe.incr(key)
+                    pipe.expire(key, self.ttl)
+                    total, _ = pipe.execute()
+                return int(total)
+
+            return retrying(count)
         if self.folder is None:
             return 1
         path = self._path("attempts", request_id)
@@ -115,9 +143,10 @@ class Guard:
         text = _claim_text(deadline_s + CLAIM_GRACE_S)
         if self.redis is not None:
             key = self._key("write", request_id)
-            if self.redis.set(key, text, nx=True, ex=self.ttl):
+            client = self.redis
+            if retrying(lambda: client.set(key, text, nx=True, ex=self.ttl)):
                 return None
-            return _parse_claim(self.redis.get(key))
+            return _parse_claim(retrying(lambda: client.get(key)))
         if self.folder is None:
             return None
         path = self._path("write", request_id)
@@ -129,6 +158,37 @@ class Guard:
             handle.write(text)
         return None
 
+    def read_claim(self, request_id: str) -> Claim | None:
+        """The write claim of ``request_id``, if any."""
+        if self.redis is not None:
+            client, key = self.redis, self._key("write", request_id)
+            raw = retrying(lambda: client.get(key))
+        elif self.folder is not None:
+            path = self._path("write", request_id)
+            raw = path.read_text(encoding="utf-8") if path.exists() else None
+        else:
+            raw = None
+        return _parse_claim(raw) if raw else None
+
+    def finish(self, request_id: str, payload: dict[str, Any]) -> None:
+        """Record the outcome of a claimed write: a later delivery returns it, never reruns."""
+        text = json.dumps({"host": _HOST, "pid": os.getpid(), "until": 0.0, "done": payload})
+        if self.redis is not None:
+            client, key = self.redis, self._key("write", request_id)
+            retrying(lambda: client.set(key, text, ex=self.ttl))
+        elif self.folder is not None:
+            self._path("write", request_id).write_text(text, encoding="utf-8")
+
+    def dead_letter(self, request_id: str, record: dict[str, Any]) -> None:
+        """Keep a poison invocation for inspection (newest first, the last 10,000)."""
+        if self.redis is None:
+            return
+        key = f"{CLAIM_KEY_PREFIX}dead-letter"
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, json.dumps({"request_id": request_id, **record}))
+            pipe.ltrim(key, 0, 9_999)
+            pipe.execute()
+
 
 def guard_for(backend: Any, home: Path, ttl_s: float) -> Guard:
     """The guard that lives beside ``backend``: Redis keys, or files under ``home``."""
@@ -136,3 +196,113 @@ def guard_for(backend: Any, home: Path, ttl_s: float) -> Guard:
     if hasattr(client, "pipeline"):
         return Guard(redis=client, ttl_s=ttl_s)
     return Guard(folder=home / "guard", ttl_s=ttl_s)
+
+
+class WriteAlreadyClaimed(ToolExecutionError):
+    """Raised instead of starting a write whose request id another run has claimed."""
+
+    def __init__(self, claim: Claim) -> None:
+        super().__init__(
+            "this write was already started by an earlier delivery of the same request",
+            details={"reason": "write_already_started"},
+        )
+        self.claim = claim
+
+
+def poison_result(body: Any, attempts: int) -> SkillResult:
+    """The failure that ends an invocation delivered too many times."""
+    skill = body.get("skill") if isinstance(body, dict) else None
+    tool = body.get("tool") if isinstance(body, dict) else None
+    skill = skill if isinstance(skill, str) else ""
+    tool = tool if isinstance(tool, str) else ""
+    return SkillResult(
+        skill_name=skill,
+        tool_name=tool,
+        success=False,
+        error=SkillError(
+            error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
+            message=(
+                f"gave up after {attempts - 1} deliveries: the invocation ended its worker "
+                "process every time (a poison message)"
+            ),
+            details={"reason": "poison_message", "attempts": attempts - 1},
+            skill_name=skill,
+            tool_name=tool or None,
+        ),
+    )
+
+
+def interrupted_result(body: Any) -> SkillResult:
+    """The failure of a write whose first run was interrupted before it reported back."""
+    skill = body.get("skill", "") if isinstance(body, dict) else ""
+    tool = body.get("tool", "") if isinstance(body, dict) else ""
+    return SkillResult(
+        skill_name=str(skill),
+        tool_name=str(tool),
+        success=False,
+        error=SkillError(
+            error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
+            message=(
+                "an earlier delivery of this request started the write and was interrupted "
+                "before it reported back: it may or may not have happened, so it was not "
+                "run again"
+            ),
+            details={"reason": "write_interrupted"},
+            skill_name=str(skill),
+            tool_name=str(tool) or None,
+        ),
+    )
+
+
+Run = Callable[[Any, BeforeWrite], SkillResult]
+
+
+def run_at_most_once(
+    guard: Guard,
+    request_id: str,
+    body: Any,
+    run: Run,
+    *,
+    count_attempt: bool = True,
+    poll_s: float = 0.2,
+) -> SkillResult:
+    """Run one delivery of an invocation under the guard.
+
+    Counts the delivery (a poison message ends after ``MAX_ATTEMPTS``); claims a
+    write-capable, non-idempotent tool right before it starts; a delivery that
+    finds the claim taken returns the first run's result, waiting for it while that
+    run may still be going, and otherwise reports the write as interrupted.
+    """
+    if count_attempt:
+        attempts = guard.attempt(request_id)
+        if attempts > MAX_ATTEMPTS:
+            result = poison_result(body, attempts)
+            guard.dead_letter(
+                request_id,
+                {"skill": result.skill_name, "tool": result.tool_name, "attempts": attempts - 1},
+            )
+            return result
+    owned: list[bool] = []
+    held: list[Claim] = []
+
+    def claim_write(request: Any, tool: Any, timeout_s: float) -> None:
+        existing = guard.claim(request_id, timeout_s)
+        if existing is None:
+            owned.append(True)
+            return
+        held.append(existing)
+        raise WriteAlreadyClaimed(existing)
+
+    result = run(body, claim_write)
+    if owned:
+        guard.finish(request_id, result_payload(result, request_id))
+        return result
+    if not held:
+        return result
+    claim: Claim | None = held[0]
+    while claim is not None and claim.done is None and claim.may_still_run():
+        time.sleep(poll_s)
+        claim = guard.read_claim(request_id)
+    if claim is not None and claim.done is not None:
+        return SkillResult.model_validate(claim.done)
+    return interrupted_result(body)

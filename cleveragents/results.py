@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cleveragents.retry import retrying
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.skills import SkillResult
 from cleveragents.wire import (
@@ -139,7 +140,8 @@ class ResultStore:
         """Delete the stored results of ``request_ids``."""
         keys = [self._key(rid) for rid in request_ids]
         if self._redis is not None:
-            self._redis.delete(*keys)
+            redis_client = self._redis
+            retrying(lambda: redis_client.delete(*keys))
             return
         for key in keys:
             self.backend.delete(key)

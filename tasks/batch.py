@@ -13,11 +13,12 @@ from typing import Any
 from celery import Task
 
 from cleveragents.constants import QUEUE_BATCH, TASK_INVOKE_CHUNK
+from cleveragents.guard import run_at_most_once
 from cleveragents.results import ResultStore
 from cleveragents.skills import SkillResult
 from cleveragents.wire import chunk_repr
 from tasks.invoke import run_request
-from worker import app
+from worker import app, state
 
 __all__ = ["invoke_chunk"]
 
@@ -50,6 +51,10 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
     """
     bodies = requests if isinstance(requests, list) else []
     store = ResultStore(self.app.backend)
+    guard = state.guard(self.app.backend)
+    # A chunk delivered again (its worker process died) may hold the invocation that
+    # killed it: then every invocation counts its own deliveries, so that one ends.
+    careful = bool(self.request.id) and guard.attempt(f"chunk:{self.request.id}") > 1
     pending: list[tuple[str, SkillResult]] = []
     seen: set[str] = set()
     ran = skipped = 0
@@ -66,7 +71,9 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
                 skipped += 1  # no id to store a result under, or already finished
                 continue
             seen.add(rid)  # the same id twice in one chunk runs once
-            pending.append((rid, run_request(body)))
+            pending.append(
+                (rid, run_at_most_once(guard, rid, body, run_request, count_attempt=careful))
+            )
             ran += 1
         if len(pending) >= FLUSH_EVERY_N:
             store.put_many(pending)

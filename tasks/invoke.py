@@ -7,7 +7,9 @@ from typing import Any
 from celery import Task
 
 from cleveragents.constants import TASK_INVOKE
+from cleveragents.guard import run_at_most_once
 from cleveragents.runtime import invoke as run_invocation
+from cleveragents.runtime.invoke import BeforeWrite
 from cleveragents.skills import SkillResult
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 from worker import app, state
@@ -28,7 +30,7 @@ def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: s
     return args
 
 
-def run_request(body: Any) -> SkillResult:
+def run_request(body: Any, before_write: BeforeWrite | None = None) -> SkillResult:
     """Run one decoded request body through the runtime with this worker's policy."""
     current = state.current()
     return run_invocation(
@@ -36,6 +38,7 @@ def run_request(body: Any) -> SkillResult:
         current.catalogue,
         read_only=current.settings.read_only,
         default_timeout_s=current.settings.default_timeout_s,
+        before_write=before_write,
     )
 
 
@@ -49,7 +52,9 @@ def run_request(body: Any) -> SkillResult:
 def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one skill invocation; a failed one is raised so Flower shows it as failed."""
     task_id = self.request.id or ""
-    result = run_request(_request_from_args(args, kwargs, task_id))
+    body = _request_from_args(args, kwargs, task_id)
+    guard = state.guard(self.app.backend)
+    result = run_at_most_once(guard, task_id, body, run_request) if task_id else run_request(body)
     payload = result_payload(result, task_id)
     if not result.success:
         raise SkillInvocationFailed(failure_summary(result), payload)

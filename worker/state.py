@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
+from cleveragents.guard import Guard, guard_for
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 
-__all__ = ["WorkerState", "current"]
+__all__ = ["WorkerState", "current", "guard"]
 
 log = logging.getLogger("cleveragents.worker")
 _lock = threading.Lock()
@@ -22,6 +24,19 @@ class WorkerState:
 
     settings: Settings
     catalogue: Catalogue
+
+
+_guards: dict[int, Guard] = {}
+
+
+def guard(backend: Any) -> Guard:
+    """The at-most-once guard beside ``backend`` (one per backend, per process)."""
+    found = _guards.get(id(backend))
+    if found is None:
+        settings = current().settings
+        found = guard_for(backend, settings.home.resolve(), settings.result_expires_s)
+        _guards[id(backend)] = found
+    return found
 
 
 def load() -> WorkerState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,13 +25,16 @@ from cleveragents.skills import (
     SkillDefinition,
     SkillError,
     SkillResult,
+    ToolSpec,
     map_tool_error,
 )
 
-__all__ = ["DEFAULT_TIMEOUT_S", "effective_timeout", "invoke", "parse_request"]
+__all__ = ["DEFAULT_TIMEOUT_S", "BeforeWrite", "effective_timeout", "invoke", "parse_request"]
 
 #: A tool's timeout when neither the tool nor the request sets one (CLEVERAGENTS_DEFAULT_TIMEOUT_S).
 DEFAULT_TIMEOUT_S = 300.0
+#: A hook called right before a write-capable, non-idempotent tool starts.
+BeforeWrite = Callable[[SkillInvocationRequest, ToolSpec, float], None]
 _ACTIONS = frozenset({"created", "changed", "deleted"})
 
 
@@ -194,6 +197,7 @@ def _execute(
     *,
     read_only: bool,
     default_timeout_s: float,
+    before_write: BeforeWrite | None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     tool = entry.tool
     check_write_gates(definition, tool, allow_writes=request.allow_writes, read_only=read_only)
@@ -201,9 +205,10 @@ def _execute(
     validate(
         definition.input_schema, request.arguments, root="arguments", source="skill input_schema"
     )
-    data, changes = _run(
-        entry, request.arguments, effective_timeout(entry, request, default_timeout_s)
-    )
+    timeout_s = effective_timeout(entry, request, default_timeout_s)
+    if before_write is not None and tool.write_capable and not tool.idempotent:
+        before_write(request, tool, timeout_s)
+    data, changes = _run(entry, request.arguments, timeout_s)
     data = _as_json(data, tool.name, "output")
     if changes:
         changes = _as_json(changes, tool.name, "resource changes")
@@ -219,11 +224,15 @@ def invoke(
     read_only: bool = False,
     default_timeout_s: float = DEFAULT_TIMEOUT_S,
     max_request_bytes: int = MAX_REQUEST_BYTES,
+    before_write: BeforeWrite | None = None,
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
 
     Order: resolve the skill, find the tool, apply the write gates, validate the
     arguments, run the tool (stopped at its timeout), validate the output.
+    ``before_write(request, tool, timeout_s)`` is called right before a
+    write-capable tool that is not idempotent starts; what it raises becomes the
+    result, and the tool does not start (the worker's at-most-once claim).
     """
     started = time.perf_counter()
     try:
@@ -236,7 +245,12 @@ def invoke(
     try:
         definition, entry = catalogue.find_tool(skill, tool)
         data, changes = _execute(
-            definition, entry, parsed, read_only=read_only, default_timeout_s=default_timeout_s
+            definition,
+            entry,
+            parsed,
+            read_only=read_only,
+            default_timeout_s=default_timeout_s,
+            before_write=before_write,
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
         return _failure(skill, tool, _error(exc, skill, tool), started)
