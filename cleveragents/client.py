@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery import Celery
@@ -37,6 +37,8 @@ __all__ = ["InvocationHandle", "SkillClient"]
 
 #: Poll interval for result stores without push notifications (the embedded file store).
 POLL_INTERVAL_S = 0.02
+#: How often a waiting client re-reads the store besides waiting for a notification.
+RECHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,13 @@ class InvocationHandle:
 
     request_id: str
     client: SkillClient
+    #: Celery's AsyncResult from sending: already subscribed to the result, so waiting
+    #: on it costs no new subscription.
+    pending: Any = field(default=None, repr=False, compare=False)
 
     def result(self, timeout: float | None = None) -> SkillResult:
         """Wait for the result (``TimeoutError`` after ``timeout`` seconds)."""
-        return self.client.wait(self.request_id, timeout=timeout)
+        return self.client.wait(self.request_id, timeout=timeout, pending=self.pending)
 
     def ready(self) -> bool:
         """True once the result is stored."""
@@ -134,25 +139,26 @@ class SkillClient:
             )
         # A request id the caller chose may be finished already: then its stored
         # result is the answer and nothing is sent (a fresh UUID cannot be).
-        self.send(
+        pending = self.send(
             request,
             skip_if_done=request_id is not None or isinstance(skill, SkillInvocationRequest),
         )
-        return InvocationHandle(request.request_id, self)
+        return InvocationHandle(request.request_id, self, pending)
 
-    def send(self, request: SkillInvocationRequest, *, skip_if_done: bool = True) -> bool:
+    def send(self, request: SkillInvocationRequest, *, skip_if_done: bool = True) -> Any:
         """Publish one request on its queue (writes travel on the write queue).
 
         With ``skip_if_done`` a request id that already has a stored result (that
-        answers this request) is not sent again. Returns whether it was sent.
+        answers this request) is not sent again. Returns Celery's AsyncResult of
+        the message, or None when nothing was sent.
         """
         if skip_if_done:
             [stored] = self.results.reusable(
                 [request.request_id], [request.allow_writes], forget_stale=True
             )
             if stored is not None:
-                return False
-        self.app.send_task(
+                return None
+        return self.app.send_task(
             TASK_INVOKE,
             args=[request_payload(request)],
             task_id=request.request_id,
@@ -160,7 +166,6 @@ class SkillClient:
             argsrepr=redacted_repr(request),
             kwargsrepr="{}",
         )
-        return True
 
     def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
         """Publish many requests as one message on the batch queue (write queue if any writes)."""
@@ -214,25 +219,36 @@ class SkillClient:
             return None
         return result_from_stored(meta.get("result"), request_id)
 
-    def wait(self, request_id: str, timeout: float | None = None) -> SkillResult:
-        """Wait for the result of ``request_id``.
+    def wait(
+        self, request_id: str, timeout: float | None = None, *, pending: Any = None
+    ) -> SkillResult:
+        """Wait for the result of ``request_id`` (``pending``: the AsyncResult from sending).
 
         Raises:
             TimeoutError: no result within ``timeout`` seconds.
         """
-        handle: AsyncResult = AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            value = handle.get(
-                timeout=timeout,
-                propagate=False,
-                interval=POLL_INTERVAL_S,
-                disable_sync_subtasks=False,
-            )
-        except CeleryTimeoutError:
-            raise TimeoutError(f"no result for {request_id} within {timeout:g}s") from None
-        except ValueError:
-            # A file store read mid-write; read it again.
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return self.wait(request_id, remaining)
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"no result for {request_id} within {timeout:g}s")
+            # Wait for Celery's notification, and re-read the store every few seconds:
+            # the batch path stores results in bulk, without one.
+            step = RECHECK_S if remaining is None else min(RECHECK_S, remaining)
+            handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
+            try:
+                value = handle.get(
+                    timeout=step,
+                    propagate=False,
+                    interval=POLL_INTERVAL_S,
+                    disable_sync_subtasks=False,
+                )
+            except CeleryTimeoutError:
+                found = self.get(request_id)
+                if found is not None:
+                    return found
+                continue
+            except ValueError:
+                continue  # a file store read mid-write: read it again
+            break
         return result_from_stored(value, request_id)

@@ -21,8 +21,12 @@ BATCH_KEY_PREFIX = "cleveragents:batch:"
 #: Prefix of the at-most-once markers of write-capable, non-idempotent invocations.
 CLAIM_KEY_PREFIX = "cleveragents:claim:"
 
-#: Largest request accepted, in bytes of its JSON (arguments included).
+#: Largest arguments accepted, in bytes of their JSON.
 MAX_REQUEST_BYTES = 1_000_000
+#: Largest message a worker decodes; bigger ones get a validation_error undecoded.
+MAX_MESSAGE_BYTES = 16_000_000
+#: A batch chunk is sent before its arguments reach this many bytes of JSON.
+MAX_CHUNK_BYTES = 4_000_000
 #: Largest stderr tail kept in a command tool's failure details, in characters.
 STDERR_TAIL_CHARS = 2_000
 #: Placeholder shown instead of arguments in Flower and logs.

@@ -263,23 +263,27 @@ def run_at_most_once(
     body: Any,
     run: Run,
     *,
-    count_attempt: bool = True,
+    redelivered: bool,
+    chunk_item: bool = False,
     poll_s: float = 0.2,
 ) -> SkillResult:
     """Run one delivery of an invocation under the guard.
 
-    Counts the delivery (a poison message ends after ``MAX_ATTEMPTS``); claims a
-    write-capable, non-idempotent tool right before it starts; a delivery that
-    finds the claim taken returns the first run's result, waiting for it while that
-    run may still be going, and otherwise reports the write as interrupted.
+    Counts the delivery, so that a poison message ends after ``MAX_ATTEMPTS``
+    deliveries. With Redis only redeliveries are counted (kombu marks them), so a
+    first delivery costs no round trip; the file guard of the embedded default
+    counts every interactive delivery (batch items only once their chunk came back).
+    Claims a write-capable, non-idempotent tool right before it starts; a delivery
+    that finds the claim taken returns the first run's result, waiting for it while
+    that run may still be going, and otherwise reports the write as interrupted.
     """
-    if count_attempt:
-        attempts = guard.attempt(request_id)
-        if attempts > MAX_ATTEMPTS:
-            result = poison_result(body, attempts)
+    if redelivered or (guard.redis is None and not chunk_item):
+        deliveries = guard.attempt(request_id) + (1 if guard.redis is not None else 0)
+        if deliveries > MAX_ATTEMPTS:
+            result = poison_result(body, deliveries)
             guard.dead_letter(
                 request_id,
-                {"skill": result.skill_name, "tool": result.tool_name, "attempts": attempts - 1},
+                {"skill": result.skill_name, "tool": result.tool_name, "attempts": deliveries - 1},
             )
             return result
     owned: list[bool] = []

@@ -163,16 +163,19 @@ class ResultStore:
         if not metas:
             return
         if self._redis is not None:
-            expires = self.backend.expires
-            with self._redis.pipeline(transaction=False) as pipe:
-                for key, meta in metas:
-                    value = json.dumps(meta)
-                    if expires:
-                        pipe.setex(key, int(expires), value)
-                    else:
-                        pipe.set(key, value)
-                    pipe.publish(key, value)  # wakes a client waiting on this id
-                pipe.execute()
+            # No PUBLISH per result (Celery's own store does one): it would double the
+            # commands of a batch, and SkillClient.wait also re-reads the store.
+            expires = int(self.backend.expires or 0) or None
+            encoded = [(key, json.dumps(meta, separators=(",", ":"))) for key, meta in metas]
+            redis_client = self._redis
+
+            def write() -> None:
+                with redis_client.pipeline(transaction=False) as pipe:
+                    for key, value in encoded:
+                        pipe.set(key, value, ex=expires)
+                    pipe.execute()
+
+            retrying(write)
             return
         for key, meta in metas:
             self.backend.set(key, json.dumps(meta))

@@ -54,7 +54,12 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     task_id = self.request.id or ""
     body = _request_from_args(args, kwargs, task_id)
     guard = state.guard(self.app.backend)
-    result = run_at_most_once(guard, task_id, body, run_request) if task_id else run_request(body)
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    result = (
+        run_at_most_once(guard, task_id, body, run_request, redelivered=redelivered)
+        if task_id
+        else run_request(body)
+    )
     payload = result_payload(result, task_id)
     if not result.success:
         raise SkillInvocationFailed(failure_summary(result), payload)

@@ -13,6 +13,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
+from cleveragents.constants import MAX_MESSAGE_BYTES
 from cleveragents.error_types import SkillErrorType
 from cleveragents.skills import SkillError, SkillResult
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
@@ -21,6 +22,9 @@ __all__ = ["SkillConsumer"]
 
 log = logging.getLogger("cleveragents.worker")
 
+#: The only content type a worker decodes.
+ACCEPTED_CONTENT_TYPE = "application/json"
+
 
 def _task_id(message: Any) -> str | None:
     headers = getattr(message, "headers", None) or {}
@@ -28,8 +32,68 @@ def _task_id(message: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _envelope_problem(message: Any) -> str | None:
+    """Why the message is not a Celery protocol-2 task message, or None when it is one.
+
+    Celery unpacks the body as ``(args, kwargs, embed)`` without checking it, and a
+    body of another shape (a JSON string of three characters, say) fails later, in
+    the pool's callbacks, leaving no result.
+    """
+    headers = getattr(message, "headers", None)
+    if not isinstance(headers, dict) or not isinstance(headers.get("task"), str):
+        return "the headers name no task"
+    if not isinstance(headers.get("id"), str):
+        return "the headers carry no task id"
+    body = message.payload  # decoded once; kombu caches it for Celery
+    if not (isinstance(body, list | tuple) and len(body) == 3):
+        return "the body is not [args, kwargs, options]"
+    args, kwargs, embed = body
+    if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):
+        return "the body's args or kwargs have the wrong type"
+    if embed is not None and not isinstance(embed, dict):
+        return "the body's options are not an object"
+    return None
+
+
 class SkillConsumer(Consumer):  # type: ignore[misc]
     """A consumer that answers a bad message with a ``validation_error`` result."""
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's handler, behind checks that refuse bad messages undecoded.
+
+        Too large, or not JSON: answered with a ``validation_error`` and acked.
+        kombu passes "raw" content types (``text/plain``, ...) through undecoded and
+        Celery then fails on them outside its own error handling, stopping the
+        consumer; any other error of a malformed envelope is contained the same way.
+        """
+        handler = super().create_task_handler(*args, **kwargs)
+
+        def refuse(message: Any, why: str) -> None:
+            self._answer(message, why)
+            message.ack()
+
+        def on_task_received(message: Any) -> Any:
+            body = getattr(message, "body", None)
+            size = len(body) if isinstance(body, bytes | str) else 0
+            if size > MAX_MESSAGE_BYTES:
+                return refuse(
+                    message,
+                    f"the message is {size} bytes, more than the limit of {MAX_MESSAGE_BYTES}",
+                )
+            content_type = getattr(message, "content_type", None)
+            if content_type != ACCEPTED_CONTENT_TYPE:
+                return refuse(message, f"content type {content_type!r} is not accepted (JSON only)")
+            try:
+                problem = _envelope_problem(message)
+                if problem is not None:
+                    return refuse(message, problem)
+                return handler(message)
+            except self.connection_errors:  # type: ignore[attr-defined]
+                raise
+            except Exception as exc:
+                return refuse(message, f"malformed message ({type(exc).__name__})")
+
+        return on_task_received
 
     def _answer(self, message: Any, why: str) -> None:
         task_id = _task_id(message)

@@ -7,12 +7,14 @@ worker runs a chunk for one time slice and requeues the rest (tasks/batch.py).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.source import BatchItem
+from cleveragents.constants import MAX_CHUNK_BYTES
 from cleveragents.error_types import SkillErrorType
 from cleveragents.results import ResultStore
 from cleveragents.runtime.request import SkillInvocationRequest
@@ -48,6 +50,13 @@ def invalid_payload(item: BatchItem) -> dict[str, Any]:
     return result_payload(result, item.request_id)
 
 
+def _size(request: SkillInvocationRequest) -> int:
+    # Empty or small arguments are the common case: skip encoding them.
+    if not request.arguments:
+        return 64
+    return 64 + len(json.dumps(request.arguments, separators=(",", ":"), default=str))
+
+
 class BatchRunner:
     """Submit ``items`` in chunks and yield ``Entry``s (with payloads) in input order."""
 
@@ -69,6 +78,7 @@ class BatchRunner:
         self.chunk_size = chunk_size or DEFAULT_CHUNK
         self.gather = OrderedGather(store)
         self.buffers: dict[bool, list[tuple[Entry, SkillInvocationRequest]]] = {False: [], True: []}
+        self.buffer_bytes: dict[bool, int] = {False: 0, True: 0}
         self.exhausted = False
         self.submitted = 0
         self.reused = 0
@@ -86,6 +96,7 @@ class BatchRunner:
         if not buffer:
             return
         self.buffers[writes] = []
+        self.buffer_bytes[writes] = 0
         if self.reuse:
             ids = [entry.request_id for entry, _ in buffer]
             writes_allowed = [request.allow_writes for _, request in buffer]
@@ -112,7 +123,11 @@ class BatchRunner:
                 continue
             writes = item.request.allow_writes
             self.buffers[writes].append((entry, item.request))
-            if len(self.buffers[writes]) >= self.chunk_size:
+            self.buffer_bytes[writes] += _size(item.request)
+            if (
+                len(self.buffers[writes]) >= self.chunk_size
+                or self.buffer_bytes[writes] >= MAX_CHUNK_BYTES
+            ):
                 self._flush(writes)
         if self.exhausted or len(self.gather) >= window:
             self._flush(False)
