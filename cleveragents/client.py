@@ -158,12 +158,13 @@ class SkillClient:
             )
             if stored is not None:
                 return None
+        payload = request_payload(request)
         return self.app.send_task(
             TASK_INVOKE,
-            args=[request_payload(request)],
+            args=[payload],
             task_id=request.request_id,
             queue=QUEUE_WRITE if request.allow_writes else QUEUE_READ,
-            argsrepr=redacted_repr(request),
+            argsrepr=redacted_repr(payload),
             kwargsrepr="{}",
         )
 
