@@ -23,6 +23,7 @@ from cleveragents.constants import (
     QUEUE_BATCH_WRITE,
     QUEUE_READ,
     QUEUE_WRITE,
+    SENT_AT_HEADER,
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
@@ -166,6 +167,7 @@ class SkillClient:
             queue=QUEUE_WRITE if request.allow_writes else QUEUE_READ,
             argsrepr=redacted_repr(payload),
             kwargsrepr="{}",
+            headers={SENT_AT_HEADER: time.time()},
         )
 
     def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
@@ -179,6 +181,7 @@ class SkillClient:
             argsrepr=chunk_repr(payloads),
             kwargsrepr="{}",
             ignore_result=True,
+            headers={SENT_AT_HEADER: time.time()},
         )
 
     @property

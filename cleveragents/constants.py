@@ -29,5 +29,7 @@ MAX_MESSAGE_BYTES = 16_000_000
 MAX_CHUNK_BYTES = 4_000_000
 #: Largest stderr tail kept in a command tool's failure details, in characters.
 STDERR_TAIL_CHARS = 2_000
+#: Message header with the time (epoch seconds) a producer sent an invocation.
+SENT_AT_HEADER = "cleveragents_sent_at"
 #: Placeholder shown instead of arguments in Flower and logs.
 REDACTED = "[redacted]"

@@ -12,13 +12,14 @@ from typing import Any
 
 from celery import Task
 
-from cleveragents.constants import QUEUE_BATCH, TASK_INVOKE_CHUNK
+from cleveragents.constants import QUEUE_BATCH, SENT_AT_HEADER, TASK_INVOKE_CHUNK
 from cleveragents.guard import run_at_most_once
 from cleveragents.results import ResultStore
 from cleveragents.skills import SkillResult
 from cleveragents.wire import chunk_repr
 from tasks.invoke import run_request
 from worker import app, state
+from worker.observe import observe
 
 __all__ = ["invoke_chunk"]
 
@@ -73,14 +74,11 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
                 skipped += 1  # no id to store a result under, or already finished
                 continue
             seen.add(rid)  # the same id twice in one chunk runs once
-            pending.append(
-                (
-                    rid,
-                    run_at_most_once(
-                        guard, rid, body, run_request, redelivered=careful, chunk_item=True
-                    ),
-                )
+            result = run_at_most_once(
+                guard, rid, body, run_request, redelivered=careful, chunk_item=True
             )
+            observe(self.app.backend, rid, result)
+            pending.append((rid, result))
             ran += 1
         if len(pending) >= FLUSH_EVERY_N:
             store.put_many(pending)
@@ -107,6 +105,7 @@ def _finished(store: ResultStore, bodies: list[Any]) -> list[bool]:
 
 def _requeue(task: Task[Any, Any], rest: list[Any]) -> None:
     queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
+    sent_at = getattr(task.request, SENT_AT_HEADER, None) or time.time()
     task.app.send_task(
         TASK_INVOKE_CHUNK,
         args=[rest],
@@ -114,4 +113,5 @@ def _requeue(task: Task[Any, Any], rest: list[Any]) -> None:
         argsrepr=chunk_repr(rest),
         kwargsrepr="{}",
         ignore_result=True,
+        headers={SENT_AT_HEADER: sent_at},  # its age counts from the first submission
     )

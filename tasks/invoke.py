@@ -13,6 +13,7 @@ from cleveragents.runtime.invoke import BeforeWrite
 from cleveragents.skills import SkillResult
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 from worker import app, state
+from worker.observe import observe
 
 __all__ = ["invoke", "run_request"]
 
@@ -60,6 +61,7 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         if task_id
         else run_request(body)
     )
+    observe(self.app.backend, task_id, result)
     payload = result_payload(result, task_id)
     if not result.success:
         raise SkillInvocationFailed(failure_summary(result), payload)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from celery.app import trace
-from celery.signals import worker_init, worker_process_init, worker_ready
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+)
 
+from cleveragents.logs import JsonFormatter
+from cleveragents.settings import Settings
 from worker import state
 
 # Celery logs a task's return value when it succeeds; ours holds the tool's output,
@@ -34,3 +43,13 @@ def _announce_ready(**_: Any) -> None:
     ready_file = os.environ.get("CLEVERAGENTS_READY_FILE")
     if ready_file:
         Path(ready_file).write_text(str(os.getpid()), encoding="utf-8")
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _json_logs(logger: logging.Logger, **_: Any) -> None:
+    # CLEVERAGENTS_LOG_FORMAT=json (or `cleveragents worker --log-format json`): every
+    # line Celery and we write is one JSON object, invocation fields included.
+    if Settings.from_env().log_format == "json":
+        for handler in logger.handlers:
+            handler.setFormatter(JsonFormatter())

@@ -8,6 +8,7 @@ import click
 
 from cleveragents import __version__
 from cleveragents.cli.batch_cmd import batch
+from cleveragents.cli.metrics_cmd import metrics
 from cleveragents.cli.skills_cmd import skills
 from cleveragents.cli.submit_cmd import result, submit
 from cleveragents.cli.worker_cmd import worker
@@ -27,6 +28,7 @@ cli.add_command(submit)
 cli.add_command(result)
 cli.add_command(worker)
 cli.add_command(batch)
+cli.add_command(metrics)
 
 
 def main(argv: list[str] | None = None) -> int:

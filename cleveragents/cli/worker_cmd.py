@@ -18,7 +18,20 @@ __all__ = ["worker"]
 )
 @click.argument("celery_options", nargs=-1, type=click.UNPROCESSED)
 def worker(celery_options: tuple[str, ...]) -> None:
-    """Start a worker; every option is passed to `celery -A worker worker`."""
-    command = worker_command(*celery_options)
+    """Start a worker; every option is passed to `celery -A worker worker`.
+
+    `--log-format json` (ours) makes every log line one JSON object.
+    """
+    options = list(celery_options)
+    for i, option in enumerate(options):
+        if option == "--log-format" and i + 1 < len(options):
+            os.environ["CLEVERAGENTS_LOG_FORMAT"] = options[i + 1]
+            del options[i : i + 2]
+            break
+        if option.startswith("--log-format="):
+            os.environ["CLEVERAGENTS_LOG_FORMAT"] = option.split("=", 1)[1]
+            del options[i]
+            break
+    command = worker_command(*options)
     sys.stdout.flush()
     os.execv(command[0], command)

@@ -1,0 +1,185 @@
+"""Metrics beyond Flower's own, in the Prometheus text format.
+
+Workers count invocations by skill, tool, outcome and error type, and their
+durations in histogram buckets, in memory, and add them to Redis hashes every
+``FLUSH_S`` (one pipeline per process, not a round trip per invocation). The
+``cleveragents metrics`` exporter reads those, plus the length of every queue and
+the age of its oldest waiting message, and serves them at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+from cleveragents.constants import (
+    QUEUE_BATCH,
+    QUEUE_BATCH_WRITE,
+    QUEUE_READ,
+    QUEUE_WRITE,
+    SENT_AT_HEADER,
+)
+from cleveragents.skills import SkillResult
+
+__all__ = ["BUCKETS", "MetricsRecorder", "render"]
+
+#: Histogram buckets of invocation durations, in seconds.
+BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 300.0)
+#: Seconds between two flushes of a process's counters to Redis.
+FLUSH_S = 2.0
+INVOCATIONS_KEY = "cleveragents:metrics:invocations"
+DURATIONS_KEY = "cleveragents:metrics:durations"
+QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
+
+
+class MetricsRecorder:
+    """In-process counters of one worker process, flushed to Redis in the background."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._lock = threading.Lock()
+        self._invocations: Counter[str] = Counter()
+        self._durations: Counter[str] = Counter()
+        self._sums: dict[str, float] = defaultdict(float)
+        self._pid = 0
+
+    def record(self, result: SkillResult) -> None:
+        """Count one finished invocation."""
+        error = result.error.error_type if result.error is not None else ""
+        outcome = "success" if result.success else "failure"
+        key = json.dumps([result.skill_name, result.tool_name, outcome, str(error)])
+        seconds = result.duration_ms / 1000
+        tool = json.dumps([result.skill_name, result.tool_name])
+        bucket = next((b for b in BUCKETS if seconds <= b), "+Inf")
+        with self._lock:
+            self._invocations[key] += 1
+            self._durations[json.dumps([result.skill_name, result.tool_name, str(bucket)])] += 1
+            self._sums[tool] += seconds
+        self._ensure_flusher()
+
+    def _ensure_flusher(self) -> None:
+        if self._pid == os.getpid() or self.redis is None:
+            return
+        self._pid = os.getpid()  # once per process (a forked pool child starts its own)
+        threading.Thread(target=self._loop, name="metrics-flush", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(FLUSH_S)
+            try:
+                self.flush()
+            except Exception:  # Redis away: keep counting, flush later
+                continue
+
+    def flush(self) -> None:
+        """Add the counts so far to Redis and start counting afresh."""
+        with self._lock:
+            invocations, durations, sums = self._invocations, self._durations, self._sums
+            self._invocations, self._durations = Counter(), Counter()
+            self._sums = defaultdict(float)
+        if not (invocations or durations):
+            return
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for field, n in invocations.items():
+                    pipe.hincrby(INVOCATIONS_KEY, field, n)
+                for field, n in durations.items():
+                    pipe.hincrby(DURATIONS_KEY, field, n)
+                for field, total in sums.items():
+                    pipe.hincrbyfloat(DURATIONS_KEY, f"sum:{field}", total)
+                pipe.execute()
+        except Exception:
+            with self._lock:  # put them back for the next flush
+                self._invocations.update(invocations)
+                self._durations.update(durations)
+                for field, total in sums.items():
+                    self._sums[field] += total
+            raise
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: str) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
+
+
+def _oldest_age(redis: Any, queue: str, now: float) -> float:
+    raw = redis.lindex(queue, -1)  # LPUSH in, BRPOP out: the oldest is at the tail
+    if raw is None:
+        return 0.0
+    try:
+        sent = float(json.loads(raw)["headers"][SENT_AT_HEADER])
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+    return max(0.0, now - sent)
+
+
+def render(redis: Any) -> str:
+    """Every metric, in the Prometheus text exposition format."""
+    now = time.time()
+    lines = [
+        "# HELP cleveragents_queue_length Messages waiting in a queue (a batch chunk counts once).",
+        "# TYPE cleveragents_queue_length gauge",
+    ]
+    lengths = {q: int(redis.llen(q)) for q in QUEUES}
+    lines += [f"cleveragents_queue_length{_labels(queue=q)} {n}" for q, n in lengths.items()]
+    lines += [
+        "# HELP cleveragents_queue_oldest_age_seconds Age of the oldest waiting message.",
+        "# TYPE cleveragents_queue_oldest_age_seconds gauge",
+    ]
+    lines += [
+        f"cleveragents_queue_oldest_age_seconds{_labels(queue=q)} {_oldest_age(redis, q, now):.3f}"
+        for q in QUEUES
+    ]
+    lines += [
+        "# HELP cleveragents_invocations_total Finished invocations.",
+        "# TYPE cleveragents_invocations_total counter",
+    ]
+    for field, count in sorted(redis.hgetall(INVOCATIONS_KEY).items()):
+        skill, tool, outcome, error = json.loads(field)
+        lines.append(
+            f"cleveragents_invocations_total"
+            f"{_labels(skill=skill, tool=tool, outcome=outcome, error_type=error)} {int(count)}"
+        )
+    lines += _histogram(redis.hgetall(DURATIONS_KEY))
+    return "\n".join(lines) + "\n"
+
+
+def _histogram(raw: dict[Any, Any]) -> list[str]:
+    buckets: dict[tuple[str, str], Counter[str]] = {}
+    sums: dict[tuple[str, str], float] = {}
+    for field, value in raw.items():
+        text = field.decode() if isinstance(field, bytes) else str(field)
+        if text.startswith("sum:"):
+            skill, tool = json.loads(text[4:])
+            sums[(skill, tool)] = float(value)
+            continue
+        skill, tool, bucket = json.loads(text)
+        buckets.setdefault((skill, tool), Counter())[bucket] += int(value)
+    lines = [
+        "# HELP cleveragents_invocation_duration_seconds Time an invocation took in the runtime.",
+        "# TYPE cleveragents_invocation_duration_seconds histogram",
+    ]
+    for (skill, tool), counts in sorted(buckets.items()):
+        running = 0
+        for bound in [*(str(b) for b in BUCKETS), "+Inf"]:
+            running += counts.get(bound, 0)
+            lines.append(
+                f"cleveragents_invocation_duration_seconds_bucket"
+                f"{_labels(skill=skill, tool=tool, le=bound)} {running}"
+            )
+        lines.append(
+            f"cleveragents_invocation_duration_seconds_sum{_labels(skill=skill, tool=tool)} "
+            f"{sums.get((skill, tool), 0.0):.6f}"
+        )
+        lines.append(
+            f"cleveragents_invocation_duration_seconds_count{_labels(skill=skill, tool=tool)} "
+            f"{running}"
+        )
+    return lines
