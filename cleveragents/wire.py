@@ -61,12 +61,14 @@ def redacted_repr(request: SkillInvocationRequest | dict[str, Any]) -> str:
     data = (
         request.model_dump(mode="json") if isinstance(request, SkillInvocationRequest) else request
     )
-    shown = {k: v for k, v in data.items() if k != "arguments"}
+    # Skill and tool first: Flower's tasks table shows the start of this text.
+    shown = {k: data[k] for k in ("skill", "tool") if k in data}
     arguments = data.get("arguments")
     if isinstance(arguments, dict):
         shown["arguments"] = {key: REDACTED for key in arguments}
     elif arguments is not None:
         shown["arguments"] = REDACTED
+    shown.update({k: v for k, v in data.items() if k not in shown and k != "arguments"})
     return repr((shown,))
 
 

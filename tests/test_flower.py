@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,3 +108,79 @@ def test_flower_lists_invocations_with_states_and_redacted_arguments(
     # The client still gets everything (the tool echoes nothing secret here, but the
     # request's arguments were delivered whole: the word count saw both words).
     assert ok.result(timeout=5).output_data == {"words": 2}
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--virtual-time-budget=10000",
+]
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed (scripts/test installs Debian's chromium package)")
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_flower_tasks_page_in_a_real_browser_shows_invocations(
+    flower: str,
+    client: SkillClient,
+    redis_url: str,
+    start_worker: Callable[..., Worker],
+    tmp_path: Path,
+) -> None:
+    # Given a worker that ran a successful and a failed invocation, with a secret argument
+    start_worker(redis_url)
+    ok = client.submit("local/text-tools", "local/word-count", {"text": f"one {SECRET}"})
+    bad = client.submit("local/text-tools", "local/word-count", {"text": ["x", SECRET]})
+    ok.result(timeout=30)
+    bad.result(timeout=30)
+    wait_until(
+        lambda: (
+            {
+                (_get(f"{flower}/api/tasks") or {}).get(i, {}).get("state")
+                for i in (ok.request_id, bad.request_id)
+            }
+            == {"SUCCESS", "FAILURE"}
+        ),
+        30,
+        "flower to see both invocations",
+    )
+    # When Flower's tasks page is rendered by headless Chromium (JavaScript and all)
+    page = _chromium(tmp_path, "--dump-dom", f"{flower}/tasks")
+    assert page.returncode == 0, page.stderr[-2000:]
+    dom = page.stdout
+    # Then both invocations are listed with task name, skill, tool, state; arguments redacted
+    for request_id in (ok.request_id, bad.request_id):
+        assert request_id in dom
+    assert "skills.invoke" in dom
+    assert "local/text-tools" in dom
+    assert "local/word-count" in dom
+    assert "SUCCESS" in dom
+    assert "FAILURE" in dom
+    assert "[redacted]" in dom
+    assert SECRET not in dom
+    # And a screenshot of the page can be taken (the README's picture is made this way)
+    shot = tmp_path / "flower-tasks.png"
+    taken = _chromium(tmp_path, "--window-size=1900,700", f"--screenshot={shot}", f"{flower}/tasks")
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert shot.stat().st_size > 10_000
+    target = os.environ.get("SCREENSHOT_FLOWER_TASKS")
+    if target:
+        shutil.copy(shot, target)
