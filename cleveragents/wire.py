@@ -62,7 +62,7 @@ def redacted_repr(request: SkillInvocationRequest | dict[str, Any]) -> str:
         request.model_dump(mode="json") if isinstance(request, SkillInvocationRequest) else request
     )
     # Skill and tool first: Flower's tasks table shows the start of this text.
-    shown = {k: data[k] for k in ("skill", "tool") if k in data}
+    shown: dict[str, Any] = {k: data[k] for k in ("skill", "tool") if k in data}
     arguments = data.get("arguments")
     if isinstance(arguments, dict):
         shown["arguments"] = {key: REDACTED for key in arguments}
