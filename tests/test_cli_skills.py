@@ -196,3 +196,26 @@ def test_skills_check_of_a_path_that_does_not_exist_exits_2() -> None:
     assert done.stderr.startswith("error:")
     assert "/no/such/path" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_skills_check_reports_schemas_that_are_not_json_schema(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        "schemas.yaml",
+        """
+        name: local/bad-schemas
+        output_schema: {type: object, properties: {n: {type: 3}}}
+        tools:
+          - name: local/t
+            source: python
+            entrypoint: examples.tools:echo
+            input_schema: {type: nonsense}
+        """,
+    )
+    done = _run("skills", "check", "--json", str(tmp_path))
+    assert done.returncode == 1
+    problems = json.loads(done.stdout)["problems"]
+    reasons = sorted(p["reason"].split(" is not")[0] for p in problems)
+    assert reasons == ["output_schema", "tool local/t input_schema"]
+    assert {p["where"] for p in problems} == {"local/bad-schemas"}
+    assert {p["error_type"] for p in problems} == {"validation_error"}

@@ -1,16 +1,20 @@
-"""``cleveragents skills``: list, show and check catalogues."""
+"""``cleveragents skills``: list, show, check and export catalogues."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
 
 from cleveragents.cli.render import CliFailure, console, err_console, print_json
+from cleveragents.error_types import SkillErrorType
 from cleveragents.errors import SkillNotFoundError, SkillResolutionError
+from cleveragents.runtime.validation import schema_problem
 from cleveragents.settings import Settings
-from cleveragents.skills import Catalogue, SkillDefinition
+from cleveragents.skills import Catalogue, CatalogueProblem, SkillDefinition
+from cleveragents.skills.mcp import export_catalogue
 
 __all__ = ["skills"]
 
@@ -115,6 +119,34 @@ def show_skill(name: str, as_json: bool, paths: tuple[str, ...]) -> None:
         _show_table(definition)
 
 
+def _schema_problems(catalogue: Catalogue) -> list[CatalogueProblem]:
+    """Schemas that are not valid JSON Schema, in the skills that resolve.
+
+    The runtime would only find them when the tool is first invoked.
+    """
+    problems: list[CatalogueProblem] = []
+    for name in catalogue.names:
+        skill = catalogue.resolve(name).skill
+        owned: list[tuple[str, dict[str, Any] | None]] = [
+            ("input_schema", skill.input_schema),
+            ("output_schema", skill.output_schema),
+        ]
+        for tool in skill.tools:
+            owned.append((f"tool {tool.name} input_schema", tool.input_schema))
+            owned.append((f"tool {tool.name} output_schema", tool.output_schema))
+        for what, schema in owned:
+            reason = schema_problem(schema) if schema is not None else None
+            if reason is not None:
+                problems.append(
+                    CatalogueProblem(
+                        name,
+                        f"{what} is not a valid JSON Schema: {reason}",
+                        SkillErrorType.VALIDATION_ERROR,
+                    )
+                )
+    return problems
+
+
 @skills.command("check")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as one JSON object.")
@@ -124,7 +156,7 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
     if missing:
         raise CliFailure(f"no such file or folder: {', '.join(missing)}", exit_code=2)
     catalogue = _load(paths)
-    problems = catalogue.errors
+    problems = [*catalogue.errors, *_schema_problems(catalogue)]
     if as_json:
         print_json(
             {
@@ -150,3 +182,56 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
         raise CliFailure(verdict, exit_code=1)
     if not as_json:
         click.echo(f"{len(catalogue)} skills resolve; ok")
+
+
+#: Export formats ``skills export`` knows.
+EXPORT_FORMATS = ("mcp",)
+
+
+@skills.command("export")
+@click.option(
+    "--format",
+    "fmt",
+    required=True,
+    metavar="[" + "|".join(EXPORT_FORMATS) + "]",
+    help='mcp: one JSON object {"tools": [...]} of MCP tool definitions (MCP 2025-06-18).',
+)
+@click.option(
+    "--catalogue",
+    "paths",
+    multiple=True,
+    type=click.Path(),
+    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
+)
+@click.option(
+    "--skill",
+    "names",
+    multiple=True,
+    help="Export only this skill's tools (repeatable); default: every skill that resolves.",
+)
+def export_skills(fmt: str, paths: tuple[str, ...], names: tuple[str, ...]) -> None:
+    """Print the catalogue's tools for an agent platform: one tool per (skill, tool) pair."""
+    if fmt not in EXPORT_FORMATS:
+        raise CliFailure(
+            f"unknown export format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}",
+            exit_code=2,
+        )
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise CliFailure(f"no such file or folder: {', '.join(missing)}", exit_code=2)
+    catalogue = _load(paths)
+    _warn_problems(catalogue)
+    unique_names = list(dict.fromkeys(names))
+    for name in unique_names:
+        try:
+            catalogue.resolve(name)
+        except SkillNotFoundError as exc:
+            raise CliFailure(str(exc), exit_code=2) from None
+        except SkillResolutionError as exc:
+            raise CliFailure(
+                f"{name} does not resolve ({exc.error_type}): {exc}", exit_code=1
+            ) from None
+    exported = export_catalogue(catalogue, unique_names)
+    for reason in exported.skipped:
+        err_console.print(f"[yellow]warning:[/] skipped {reason}", markup=True, highlight=False)
+    print_json(exported.document())

@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonschema_rs
 
-from cleveragents.errors import SchemaValidationError
+from cleveragents.errors import SchemaValidationError, ToolActivationError
 
 __all__ = ["compiled", "schema_problem", "validate"]
 
@@ -34,7 +34,15 @@ def compiled(schema: dict[str, Any]) -> Any:
     hit = _cache.get(id(schema))
     if hit is not None and hit[0] is schema:
         return hit[1]
-    validator = jsonschema_rs.validator_for(schema)
+    try:
+        validator = jsonschema_rs.validator_for(schema)
+    except (jsonschema_rs.ValidationError, ValueError) as exc:
+        # A catalogue bug, not the caller's: the tool cannot be made ready to run.
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ToolActivationError(
+            f"tool activation failed: its schema is not a valid JSON Schema: {first}",
+            details={"schema_problem": first},
+        ) from None
     with _lock:
         _cache[id(schema)] = (schema, validator)
     return validator
