@@ -157,6 +157,20 @@ def _tracked(items: Iterator[BatchItem], bad_lines: _BadLines) -> Iterator[Batch
         yield item
 
 
+out_option = click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Write one result a line here, in input order.",
+)
+allow_writes_option = click.option(
+    "--allow-writes",
+    is_flag=True,
+    help="Honour allow_writes on the file's lines (without it no line may write).",
+)
+
+
 @click.group()
 def batch() -> None:
     """Run many invocations from a JSONL file (one request a line)."""
@@ -164,18 +178,8 @@ def batch() -> None:
 
 @batch.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option(
-    "--out",
-    "out_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Write one result a line here, in input order.",
-)
-@click.option(
-    "--allow-writes",
-    is_flag=True,
-    help="Honour allow_writes on the file's lines (without it no line may write).",
-)
+@out_option
+@allow_writes_option
 @click.option("--strict", is_flag=True, help="Run nothing if any line is not a valid request.")
 @click.option(
     "--chunk-size",
@@ -223,11 +227,7 @@ def run_batch(
 
 @batch.command("submit")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option(
-    "--allow-writes",
-    is_flag=True,
-    help="Honour allow_writes on the file's lines (without it no line may write).",
-)
+@allow_writes_option
 @click.option("--strict", is_flag=True, help="Submit nothing if any line is not a valid request.")
 @click.option("--batch-id", metavar="ID", help="Name the batch (default: a new id).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -292,13 +292,7 @@ def status(batch_id: str, as_json: bool) -> None:
 
 @batch.command("results")
 @click.argument("batch_id", metavar="ID")
-@click.option(
-    "--out",
-    "out_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Write one result a line here, in input order.",
-)
+@out_option
 @click.option(
     "--wait/--no-wait",
     default=True,

@@ -28,6 +28,15 @@ def _warn_problems(catalogue: Catalogue) -> None:
         err_console.print(f"[yellow]warning:[/] {problem}", markup=True, highlight=False)
 
 
+catalogue_option = click.option(
+    "--catalogue",
+    "paths",
+    multiple=True,
+    type=click.Path(),
+    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
+)
+
+
 @click.group()
 def skills() -> None:
     """Inspect the skill catalogue (CLEVERAGENTS_CATALOGUE, or the bundled examples)."""
@@ -35,13 +44,7 @@ def skills() -> None:
 
 @skills.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array of SkillMetadata.")
-@click.option(
-    "--catalogue",
-    "paths",
-    multiple=True,
-    type=click.Path(),
-    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
-)
+@catalogue_option
 def list_skills(as_json: bool, paths: tuple[str, ...]) -> None:
     """List the skills that resolve, one row a skill."""
     catalogue = _load(paths)
@@ -95,13 +98,7 @@ def _show_table(definition: SkillDefinition) -> None:
 @skills.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the SkillDefinition as JSON.")
-@click.option(
-    "--catalogue",
-    "paths",
-    multiple=True,
-    type=click.Path(),
-    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
-)
+@catalogue_option
 def show_skill(name: str, as_json: bool, paths: tuple[str, ...]) -> None:
     """Show one resolved skill with all its tools."""
     catalogue = _load(paths)
@@ -196,13 +193,7 @@ EXPORT_FORMATS = ("mcp",)
     metavar="[" + "|".join(EXPORT_FORMATS) + "]",
     help='mcp: one JSON object {"tools": [...]} of MCP tool definitions (MCP 2025-06-18).',
 )
-@click.option(
-    "--catalogue",
-    "paths",
-    multiple=True,
-    type=click.Path(),
-    help="Skill file or folder (repeatable); defaults to CLEVERAGENTS_CATALOGUE.",
-)
+@catalogue_option
 @click.option(
     "--skill",
     "names",
