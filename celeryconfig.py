@@ -81,6 +81,11 @@ def settings_for(settings: Settings) -> dict[str, Any]:
                 # writes, then batches) instead of round robin: when a process frees
                 # up, a waiting interactive invocation goes before the next batch slice.
                 "queue_order_strategy": "priority",
+                # kombu sweeps unacknowledged messages back into their queues every
+                # interval x throttle seconds (10 x 10 by default): sweep often enough
+                # that recovery after a dead worker is bounded by the visibility timeout.
+                "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout_s / 5))),
+                "unacked_restore_throttle": 1,
                 # No message priorities are used: one Redis list per queue instead of
                 # kombu's four, so a fetch waits on 4 keys, not 16.
                 "priority_steps": [0],

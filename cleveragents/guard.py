@@ -278,6 +278,11 @@ def run_at_most_once(
     that run may still be going, and otherwise reports the write as interrupted.
     """
     if redelivered or (guard.redis is None and not chunk_item):
+        claim = guard.read_claim(request_id) if redelivered else None
+        if claim is not None and claim.done is None and claim.may_still_run():
+            # Handed out again while its first run is alive (a tool that outlives the
+            # visibility timeout): not a sign of poison. The claim below waits for it.
+            return _after_claim(guard, request_id, body, claim, poll_s)
         deliveries = guard.attempt(request_id) + (1 if guard.redis is not None else 0)
         if deliveries > MAX_ATTEMPTS:
             result = poison_result(body, deliveries)
@@ -303,7 +308,13 @@ def run_at_most_once(
         return result
     if not held:
         return result
-    claim: Claim | None = held[0]
+    return _after_claim(guard, request_id, body, held[0], poll_s)
+
+
+def _after_claim(
+    guard: Guard, request_id: str, body: Any, claim: Claim | None, poll_s: float
+) -> SkillResult:
+    """The result of a write claimed by another run: wait for it while that run may go on."""
     while claim is not None and claim.done is None and claim.may_still_run():
         time.sleep(poll_s)
         claim = guard.read_claim(request_id)

@@ -91,7 +91,12 @@ class ResultStore:
         """The stored payload of each id (None where there is none yet), in order."""
         if not request_ids:
             return []
-        raw = self.backend.mget([self._key(i) for i in request_ids])
+        keys = [self._key(i) for i in request_ids]
+        redis_client = self._redis
+        if redis_client is not None:
+            raw = retrying(lambda: redis_client.mget(keys))
+        else:
+            raw = list(self.backend.mget(keys))
         out: list[dict[str, Any] | None] = []
         for value in raw:
             if value is None:

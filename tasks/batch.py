@@ -80,6 +80,11 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
             observe(self.app.backend, rid, result)
             pending.append((rid, result))
             ran += 1
+            if careful:
+                # A chunk that came back may hold the invocation that kills its process:
+                # store each result at once, so that only that one is ever run again.
+                store.put_many(pending)
+                pending = []
         if len(pending) >= FLUSH_EVERY_N:
             store.put_many(pending)
             pending = []

@@ -19,6 +19,10 @@ os.environ.setdefault(
     "FLOWER_TASKS_COLUMNS", "name,uuid,state,args,result,exception,received,runtime,worker"
 )
 
+from worker import kombu_fix
+
+kombu_fix.install()
+
 app = Celery("cleveragents", include=["tasks.invoke", "tasks.batch"])
 app.config_from_object("celeryconfig")
 
