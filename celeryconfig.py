@@ -60,8 +60,11 @@ def settings_for(settings: Settings) -> dict[str, Any]:
         )
     else:
         redis_broker = settings.broker_url or ""
+        is_redis = redis_broker.startswith(("redis://", "rediss://", "unix://"))
+        # Results go to the broker's Redis; with another broker (RabbitMQ) and no backend
+        # configured, to the embedded on-disk store (one machine), as SPEC section 7 says.
         backend: str | None = settings.result_backend or (
-            redis_broker if redis_broker.startswith(("redis://", "rediss://", "unix://")) else None
+            redis_broker if is_redis else _embedded_urls(settings.home)[1]
         )
         conf.update(
             broker_url=redis_broker,
