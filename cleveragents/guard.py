@@ -286,10 +286,15 @@ def run_at_most_once(
         deliveries = guard.attempt(request_id) + (1 if guard.redis is not None else 0)
         if deliveries > MAX_ATTEMPTS:
             result = poison_result(body, deliveries)
-            guard.dead_letter(
-                request_id,
-                {"skill": result.skill_name, "tool": result.tool_name, "attempts": deliveries - 1},
-            )
+            if deliveries == MAX_ATTEMPTS + 1:  # kept once, by the delivery that crossed the line
+                guard.dead_letter(
+                    request_id,
+                    {
+                        "skill": result.skill_name,
+                        "tool": result.tool_name,
+                        "attempts": deliveries - 1,
+                    },
+                )
             return result
     owned: list[bool] = []
     held: list[Claim] = []
