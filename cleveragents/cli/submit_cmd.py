@@ -77,9 +77,11 @@ def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
-def _wait(client: SkillClient, request_id: str, timeout: float | None) -> SkillResult:
+def _wait(
+    client: SkillClient, request_id: str, timeout: float | None, pending: Any = None
+) -> SkillResult:
     try:
-        return client.wait(request_id, timeout=timeout)
+        return client.wait(request_id, timeout=timeout, pending=pending)
     except TimeoutError:
         raise CliFailure(
             f"no result for {request_id} after {timeout:g}s; "
@@ -137,9 +139,11 @@ def submit(
                 click.echo(request.request_id)
             return
         with local_worker_if_embedded(settings):
-            client.send(request)
+            # Wait on the send's own AsyncResult: already subscribed to the result.
+            pending = client.send(request)
             # Tools are stopped at their timeout; allow a minute of queueing on top.
-            outcome = _wait(client, request.request_id, None if timeout is None else timeout + 60)
+            limit = None if timeout is None else timeout + 60
+            outcome = _wait(client, request.request_id, limit, pending)
         show_result(outcome, request.request_id, as_json)
 
 
