@@ -32,9 +32,10 @@ from typing import Any
 from cleveragents.constants import CLAIM_KEY_PREFIX
 from cleveragents.error_types import SkillErrorType
 from cleveragents.errors import ToolExecutionError
+from cleveragents.outcomes import failed_result, names_of
 from cleveragents.retry import retrying
 from cleveragents.runtime.invoke import BeforeWrite
-from cleveragents.skills import SkillError, SkillResult
+from cleveragents.skills import SkillResult
 from cleveragents.wire import result_payload
 
 __all__ = [
@@ -211,46 +212,28 @@ class WriteAlreadyClaimed(ToolExecutionError):
 
 def poison_result(body: Any, attempts: int) -> SkillResult:
     """The failure that ends an invocation delivered too many times."""
-    skill = body.get("skill") if isinstance(body, dict) else None
-    tool = body.get("tool") if isinstance(body, dict) else None
-    skill = skill if isinstance(skill, str) else ""
-    tool = tool if isinstance(tool, str) else ""
-    return SkillResult(
-        skill_name=skill,
-        tool_name=tool,
-        success=False,
-        error=SkillError(
-            error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
-            message=(
-                f"gave up after {attempts - 1} deliveries: the invocation ended its worker "
-                "process every time (a poison message)"
-            ),
-            details={"reason": "poison_message", "attempts": attempts - 1},
-            skill_name=skill,
-            tool_name=tool or None,
-        ),
+    skill, tool = names_of(body)
+    return failed_result(
+        skill,
+        tool,
+        SkillErrorType.TOOL_EXECUTION_FAILURE,
+        f"gave up after {attempts - 1} deliveries: the invocation ended its worker "
+        "process every time (a poison message)",
+        {"reason": "poison_message", "attempts": attempts - 1},
     )
 
 
 def interrupted_result(body: Any) -> SkillResult:
     """The failure of a write whose first run was interrupted before it reported back."""
-    skill = body.get("skill", "") if isinstance(body, dict) else ""
-    tool = body.get("tool", "") if isinstance(body, dict) else ""
-    return SkillResult(
-        skill_name=str(skill),
-        tool_name=str(tool),
-        success=False,
-        error=SkillError(
-            error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
-            message=(
-                "an earlier delivery of this request started the write and was interrupted "
-                "before it reported back: it may or may not have happened, so it was not "
-                "run again"
-            ),
-            details={"reason": "write_interrupted"},
-            skill_name=str(skill),
-            tool_name=str(tool) or None,
-        ),
+    skill, tool = names_of(body)
+    return failed_result(
+        skill,
+        tool,
+        SkillErrorType.TOOL_EXECUTION_FAILURE,
+        "an earlier delivery of this request started the write and was interrupted "
+        "before it reported back: it may or may not have happened, so it was not "
+        "run again",
+        {"reason": "write_interrupted"},
     )
 
 

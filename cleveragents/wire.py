@@ -13,8 +13,9 @@ from typing import Any
 
 from cleveragents.constants import REDACTED
 from cleveragents.error_types import SkillErrorType
+from cleveragents.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
-from cleveragents.skills import SkillError, SkillResult
+from cleveragents.skills import SkillResult
 
 __all__ = [
     "WIRE_MODULE",
@@ -95,16 +96,8 @@ def failure_summary(result: SkillResult) -> str:
 
 
 def _unreadable(request_id: str, why: str) -> SkillResult:
-    return SkillResult(
-        skill_name="",
-        tool_name="",
-        success=False,
-        error=SkillError(
-            error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
-            message=why,
-            details={"request_id": request_id},
-            skill_name="",
-        ),
+    return failed_result(
+        "", "", SkillErrorType.TOOL_EXECUTION_FAILURE, why, {"request_id": request_id}
     )
 
 

@@ -15,7 +15,7 @@ from celery.worker.consumer import Consumer
 
 from cleveragents.constants import MAX_MESSAGE_BYTES
 from cleveragents.error_types import SkillErrorType
-from cleveragents.skills import SkillError, SkillResult
+from cleveragents.outcomes import failed_result
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 
 __all__ = ["SkillConsumer"]
@@ -105,16 +105,12 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
         )
         if task_id is None:
             return
-        result = SkillResult(
-            skill_name="",
-            tool_name="",
-            success=False,
-            error=SkillError(
-                error_type=SkillErrorType.VALIDATION_ERROR,
-                message=f"invalid message: {why}",
-                details={"content_type": getattr(message, "content_type", None)},
-                skill_name="",
-            ),
+        result = failed_result(
+            "",
+            "",
+            SkillErrorType.VALIDATION_ERROR,
+            f"invalid message: {why}",
+            {"content_type": getattr(message, "content_type", None)},
         )
         failure = SkillInvocationFailed(failure_summary(result), result_payload(result, task_id))
         try:

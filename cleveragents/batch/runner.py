@@ -16,9 +16,9 @@ from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.source import BatchItem
 from cleveragents.constants import MAX_CHUNK_BYTES
 from cleveragents.error_types import SkillErrorType
+from cleveragents.outcomes import failed_result
 from cleveragents.results import ResultStore
 from cleveragents.runtime.request import SkillInvocationRequest
-from cleveragents.skills import SkillError, SkillResult
 from cleveragents.wire import result_payload
 
 __all__ = ["BatchRunner", "invalid_payload"]
@@ -35,17 +35,12 @@ SendChunk = Callable[[list[SkillInvocationRequest]], None]
 
 def invalid_payload(item: BatchItem) -> dict[str, Any]:
     """The stored form of a line that is not a valid request: a ``validation_error``."""
-    result = SkillResult(
-        skill_name=item.skill,
-        tool_name=item.tool,
-        success=False,
-        error=SkillError(
-            error_type=SkillErrorType.VALIDATION_ERROR,
-            message=item.problem or "invalid request",
-            details={"line": item.line},
-            skill_name=item.skill,
-            tool_name=item.tool or None,
-        ),
+    result = failed_result(
+        item.skill,
+        item.tool,
+        SkillErrorType.VALIDATION_ERROR,
+        item.problem or "invalid request",
+        {"line": item.line},
     )
     return result_payload(result, item.request_id)
 

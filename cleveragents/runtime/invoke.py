@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.error_types import SkillErrorType
 from cleveragents.errors import SchemaValidationError, ToolActivationError, ToolExecutionError
+from cleveragents.outcomes import failed_result, failed_with, names_of
 from cleveragents.runtime.command_tool import run_command_tool
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
@@ -38,34 +39,20 @@ BeforeWrite = Callable[[SkillInvocationRequest, ToolSpec, float], None]
 _ACTIONS = frozenset({"created", "changed", "deleted"})
 
 
-def _named(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _failure(
-    skill: str, tool: str, error: SkillError, started: float, **fields: Any
-) -> SkillResult:
-    return SkillResult(
-        skill_name=skill,
-        tool_name=tool,
-        success=False,
-        error=error,
-        duration_ms=(time.perf_counter() - started) * 1000,
-        **fields,
-    )
+def _elapsed_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
 
 
 def _invalid_request(raw: Any, reason: str, details: dict[str, Any], started: float) -> SkillResult:
-    fields = raw if isinstance(raw, Mapping) else {}
-    skill, tool = _named(fields.get("skill")), _named(fields.get("tool"))
-    error = SkillError(
-        error_type=SkillErrorType.VALIDATION_ERROR,
-        message=reason,
-        details=details,
-        skill_name=skill,
-        tool_name=tool or None,
+    skill, tool = names_of(raw)
+    return failed_result(
+        skill,
+        tool,
+        SkillErrorType.VALIDATION_ERROR,
+        reason,
+        details,
+        duration_ms=_elapsed_ms(started),
     )
-    return _failure(skill, tool, error, started)
 
 
 def _describe(exc: ValidationError) -> tuple[str, list[dict[str, str]]]:
@@ -253,12 +240,12 @@ def invoke(
             before_write=before_write,
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
-        return _failure(skill, tool, _error(exc, skill, tool), started)
+        return failed_with(_error(exc, skill, tool), skill, tool, duration_ms=_elapsed_ms(started))
     return SkillResult(
         skill_name=skill,
         tool_name=tool,
         success=True,
         output_data=data,
-        duration_ms=(time.perf_counter() - started) * 1000,
+        duration_ms=_elapsed_ms(started),
         resource_changes=changes,
     )
