@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -17,7 +18,8 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 import celeryconfig
-from cleveragents.batch.ledger import BatchLedger
+from cleveragents.batch.api import as_items, results_in_order
+from cleveragents.batch.api import run_many as run_batch
 from cleveragents.constants import (
     QUEUE_BATCH,
     QUEUE_BATCH_WRITE,
@@ -27,11 +29,11 @@ from cleveragents.constants import (
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
-from cleveragents.results import ResultStore
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
+from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
 from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
 
 __all__ = ["InvocationHandle", "SkillClient"]
@@ -184,15 +186,20 @@ class SkillClient:
             headers={SENT_AT_HEADER: time.time()},
         )
 
+    @cached_property
+    def stores(self) -> Stores:
+        """The stores beside this client's result backend (chosen once, on first use)."""
+        return open_stores(self.settings, self.app.backend)
+
     @property
     def results(self) -> ResultStore:
         """Bulk access to stored results (one round trip for many ids)."""
-        return ResultStore(self.app.backend)
+        return self.stores.results
 
     @property
     def ledger(self) -> BatchLedger:
         """Where background batches keep their ordered request ids."""
-        return BatchLedger(self.app.backend, self.settings.home.resolve())
+        return self.stores.ledger
 
     def run_many(
         self,
@@ -207,9 +214,7 @@ class SkillClient:
         them is in flight). A request whose result is already stored is not run again
         (``reuse=False`` runs every request).
         """
-        from cleveragents.batch.api import as_items, results_in_order, run_many
-
-        runner = run_many(self, as_items(requests), reuse=reuse, chunk_size=chunk_size)
+        runner = run_batch(self, as_items(requests), reuse=reuse, chunk_size=chunk_size)
         return results_in_order(runner)
 
     def state(self, request_id: str) -> str:

@@ -20,6 +20,14 @@ QUEUE_BATCH_WRITE = "skills.batch.write"
 BATCH_KEY_PREFIX = "cleveragents:batch:"
 #: Prefix of the at-most-once markers of write-capable, non-idempotent invocations.
 CLAIM_KEY_PREFIX = "cleveragents:claim:"
+#: The Redis list of poison invocations kept for inspection (newest first).
+DEAD_LETTER_KEY = f"{CLAIM_KEY_PREFIX}dead-letter"
+#: Dead letters kept; older ones are dropped.
+DEAD_LETTER_LIMIT = 10_000
+#: Redis hash of finished invocations by skill, tool, outcome and error type.
+INVOCATIONS_KEY = "cleveragents:metrics:invocations"
+#: Redis hash of invocation durations: histogram buckets and ``sum:`` totals.
+DURATIONS_KEY = "cleveragents:metrics:durations"
 
 #: Largest arguments accepted, in bytes of their JSON.
 MAX_REQUEST_BYTES = 1_000_000

@@ -3,9 +3,9 @@
 Celery with ``acks_late`` redelivers a message whose worker died, and Redis
 redelivers one whose tool outlives the visibility timeout. Both are right for
 reads and wrong for a write that may already have happened. The guard keeps two
-small records per request id beside the results:
+small records per request id in its ``GuardStore`` (``cleveragents.stores``):
 
-* an **attempt counter**, incremented at every delivery: past
+* an **attempt counter**, incremented at every counted delivery: past
   ``MAX_ATTEMPTS`` the invocation is finished with a failure instead of run,
   so a message that kills its worker every time ends;
 * a **write claim**, taken atomically just before a write-capable,
@@ -14,189 +14,41 @@ small records per request id beside the results:
   (its owner is alive and within its deadline), and otherwise reports that the
   write may or may not have happened.
 
-With Redis the records are keys (``SET NX``, ``INCR``); on the embedded default
-they are files created with ``O_EXCL`` under ``CLEVERAGENTS_HOME/guard``.
+One delivery is one ``Delivery``, a context around the run::
+
+    with guard.delivery(request_id, body, redelivered=flag) as d:
+        result = d.settled or d.finish(invoke(body, catalogue, before_write=d.claim))
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from cleveragents.constants import CLAIM_KEY_PREFIX
 from cleveragents.error_types import SkillErrorType
 from cleveragents.errors import ToolExecutionError
 from cleveragents.outcomes import failed_result, names_of
-from cleveragents.retry import retrying
-from cleveragents.runtime.invoke import BeforeWrite
-from cleveragents.skills import SkillResult
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.skills import SkillResult, ToolSpec
+from cleveragents.stores import Claim, GuardStore
 from cleveragents.wire import result_payload
 
 __all__ = [
+    "CLAIM_GRACE_S",
     "MAX_ATTEMPTS",
     "Claim",
+    "Delivery",
     "Guard",
     "WriteAlreadyClaimed",
-    "guard_for",
     "interrupted_result",
     "poison_result",
-    "run_at_most_once",
 ]
 
 #: Deliveries of one invocation before it is finished as a poison message.
 MAX_ATTEMPTS = 3
 #: Seconds a claim outlives its deadline, so a late result is still waited for.
 CLAIM_GRACE_S = 30.0
-_HOST = socket.gethostname()
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Who started a write, until when it may still be running, and its result once done."""
-
-    host: str
-    pid: int
-    until: float
-    done: dict[str, Any] | None = None
-
-    def owner_alive(self) -> bool:
-        """False when the owner is known to be dead (same host, no such process)."""
-        if self.host != _HOST:
-            return True  # another machine: trust its deadline
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def may_still_run(self) -> bool:
-        """True while the first run may still finish and store its result."""
-        return time.time() < self.until and self.owner_alive()
-
-
-def _claim_text(deadline_s: float) -> str:
-    return json.dumps({"host": _HOST, "pid": os.getpid(), "until": time.time() + deadline_s})
-
-
-def _parse_claim(raw: Any) -> Claim:
-    try:
-        data = json.loads(raw)
-        done = data.get("done")
-        return Claim(
-            str(data["host"]),
-            int(data["pid"]),
-            float(data["until"]),
-            done if isinstance(done, dict) else None,
-        )
-    except (ValueError, KeyError, TypeError):
-        return Claim("", 0, 0.0)
-
-
-class Guard:
-    """Attempt counters and write claims (see the module docstring)."""
-
-    def __init__(self, redis: Any = None, folder: Path | None = None, ttl_s: float = 7 * 86400):
-        self.redis = redis
-        self.folder = folder
-        self.ttl = max(int(ttl_s), 60)
-
-    def _key(self, kind: str, request_id: str) -> str:
-        return f"{CLAIM_KEY_PREFIX}{kind}:{request_id}"
-
-    def _path(self, kind: str, request_id: str) -> Path:
-        assert self.folder is not None
-        folder = self.folder / kind
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder / request_id.replace("/", "%2F")
-
-    def attempt(self, request_id: str) -> int:
-        """Count one more delivery of ``request_id``; return how many there have been."""
-        if self.redis is not None:
-            key = self._key("attempts", request_id)
-            client = self.redis
-
-            def count() -> int:
-                with client.pipeline(transaction=False) as pipe:
-                    pipe.incr(key)
-                    pipe.expire(key, self.ttl)
-                    total, _ = pipe.execute()
-                return int(total)
-
-            return retrying(count)
-        if self.folder is None:
-            return 1
-        path = self._path("attempts", request_id)
-        with path.open("a+", encoding="utf-8") as handle:
-            handle.write("x")
-            handle.seek(0)
-            return len(handle.read())
-
-    def claim(self, request_id: str, deadline_s: float) -> Claim | None:
-        """Take the write claim; None when taken, else the claim someone else holds."""
-        text = _claim_text(deadline_s + CLAIM_GRACE_S)
-        if self.redis is not None:
-            key = self._key("write", request_id)
-            client = self.redis
-            if retrying(lambda: client.set(key, text, nx=True, ex=self.ttl)):
-                return None
-            return _parse_claim(retrying(lambda: client.get(key)))
-        if self.folder is None:
-            return None
-        path = self._path("write", request_id)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return _parse_claim(path.read_text(encoding="utf-8"))
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return None
-
-    def read_claim(self, request_id: str) -> Claim | None:
-        """The write claim of ``request_id``, if any."""
-        if self.redis is not None:
-            client, key = self.redis, self._key("write", request_id)
-            raw = retrying(lambda: client.get(key))
-        elif self.folder is not None:
-            path = self._path("write", request_id)
-            raw = path.read_text(encoding="utf-8") if path.exists() else None
-        else:
-            raw = None
-        return _parse_claim(raw) if raw else None
-
-    def finish(self, request_id: str, payload: dict[str, Any]) -> None:
-        """Record the outcome of a claimed write: a later delivery returns it, never reruns."""
-        text = json.dumps({"host": _HOST, "pid": os.getpid(), "until": 0.0, "done": payload})
-        if self.redis is not None:
-            client, key = self.redis, self._key("write", request_id)
-            retrying(lambda: client.set(key, text, ex=self.ttl))
-        elif self.folder is not None:
-            self._path("write", request_id).write_text(text, encoding="utf-8")
-
-    def dead_letter(self, request_id: str, record: dict[str, Any]) -> None:
-        """Keep a poison invocation for inspection (newest first, the last 10,000)."""
-        if self.redis is None:
-            return
-        key = f"{CLAIM_KEY_PREFIX}dead-letter"
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.lpush(key, json.dumps({"request_id": request_id, **record}))
-            pipe.ltrim(key, 0, 9_999)
-            pipe.execute()
-
-
-def guard_for(backend: Any, home: Path, ttl_s: float) -> Guard:
-    """The guard that lives beside ``backend``: Redis keys, or files under ``home``."""
-    client = getattr(backend, "client", None)
-    if hasattr(client, "pipeline"):
-        return Guard(redis=client, ttl_s=ttl_s)
-    return Guard(folder=home / "guard", ttl_s=ttl_s)
 
 
 class WriteAlreadyClaimed(ToolExecutionError):
@@ -237,75 +89,127 @@ def interrupted_result(body: Any) -> SkillResult:
     )
 
 
-Run = Callable[[Any, BeforeWrite], SkillResult]
+class Guard:
+    """The at-most-once policy over a ``GuardStore`` (see the module docstring)."""
+
+    def __init__(self, store: GuardStore, *, poll_s: float = 0.2) -> None:
+        if store is None:
+            raise TypeError("a Guard needs a GuardStore: without one nothing is at most once")
+        self.store = store
+        self.poll_s = poll_s
+
+    def delivery(
+        self, request_id: str, body: Any, *, redelivered: bool, chunk_item: bool = False
+    ) -> Delivery:
+        """One delivery of ``request_id``; use it as a context around the run."""
+        return Delivery(self, request_id, body, redelivered=redelivered, chunk_item=chunk_item)
+
+    def chunk_redelivered(self, chunk_id: str, redelivered: bool) -> bool:
+        """Whether a chunk message came back (its worker process died running it).
+
+        A broker that marks redeliveries says so; on one that does not, the chunk
+        counts its own deliveries.
+        """
+        if self.store.marks_redeliveries or not chunk_id:
+            return redelivered
+        return self.store.attempt(f"chunk:{chunk_id}") > 1
+
+    def counts(self, *, redelivered: bool, chunk_item: bool) -> bool:
+        """Whether a delivery is counted towards ``MAX_ATTEMPTS``.
+
+        Where the broker marks redeliveries, only they are counted (a first delivery
+        costs no round trip); elsewhere every interactive delivery is, and a batch
+        item only once its chunk came back.
+        """
+        return redelivered or (not self.store.marks_redeliveries and not chunk_item)
+
+    def deliveries(self, request_id: str) -> int:
+        """Count this delivery; return how many there have been, the uncounted first included."""
+        first = 1 if self.store.marks_redeliveries else 0
+        return self.store.attempt(request_id) + first
+
+    def await_first_run(self, request_id: str, body: Any, claim: Claim | None) -> SkillResult:
+        """The result of a write claimed by another run: wait for it while that run may go on."""
+        while claim is not None and claim.running():
+            time.sleep(self.poll_s)
+            claim = self.store.read_claim(request_id)
+        if claim is not None and claim.done is not None:
+            return SkillResult.model_validate(claim.done)
+        return interrupted_result(body)
 
 
-def run_at_most_once(
-    guard: Guard,
-    request_id: str,
-    body: Any,
-    run: Run,
-    *,
-    redelivered: bool,
-    chunk_item: bool = False,
-    poll_s: float = 0.2,
-) -> SkillResult:
-    """Run one delivery of an invocation under the guard.
+class Delivery:
+    """One delivery of one invocation: counted, and its write claimed, under the guard.
 
-    Counts the delivery, so that a poison message ends after ``MAX_ATTEMPTS``
-    deliveries. With Redis only redeliveries are counted (kombu marks them), so a
-    first delivery costs no round trip; the file guard of the embedded default
-    counts every interactive delivery (batch items only once their chunk came back).
-    Claims a write-capable, non-idempotent tool right before it starts; a delivery
-    that finds the claim taken returns the first run's result, waiting for it while
-    that run may still be going, and otherwise reports the write as interrupted.
+    Entering it counts the delivery and may settle it without a run (``settled``):
+    a poison message ends, and a delivery that finds a live first run of its write
+    waits for that run's result. ``claim`` is the runtime's ``before_write`` hook;
+    ``finish`` takes the run's result and returns the delivery's.
     """
-    if redelivered or (guard.redis is None and not chunk_item):
-        claim = guard.read_claim(request_id) if redelivered else None
-        if claim is not None and claim.done is None and claim.may_still_run():
+
+    def __init__(
+        self, guard: Guard, request_id: str, body: Any, *, redelivered: bool, chunk_item: bool
+    ) -> None:
+        self.guard = guard
+        self.request_id = request_id
+        self.body = body
+        self.redelivered = redelivered
+        self.chunk_item = chunk_item
+        #: The delivery's result when it must not run (poison, or another run's write).
+        self.settled: SkillResult | None = None
+        self._owns_claim = False
+        self._held: Claim | None = None
+
+    def __enter__(self) -> Delivery:
+        self.settled = self._admit()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        # Nothing to undo: a claim taken by a run that raised stays, and a later
+        # delivery reports that write as interrupted once this process is gone.
+        return None
+
+    def _admit(self) -> SkillResult | None:
+        guard, request_id = self.guard, self.request_id
+        if not guard.counts(redelivered=self.redelivered, chunk_item=self.chunk_item):
+            return None
+        claim = guard.store.read_claim(request_id) if self.redelivered else None
+        if claim is not None and claim.running():
             # Handed out again while its first run is alive (a tool that outlives the
-            # visibility timeout): not a sign of poison. The claim below waits for it.
-            return _after_claim(guard, request_id, body, claim, poll_s)
-        deliveries = guard.attempt(request_id) + (1 if guard.redis is not None else 0)
-        if deliveries > MAX_ATTEMPTS:
-            result = poison_result(body, deliveries)
-            if deliveries == MAX_ATTEMPTS + 1:  # kept once, by the delivery that crossed the line
-                guard.dead_letter(
-                    request_id,
-                    {
-                        "skill": result.skill_name,
-                        "tool": result.tool_name,
-                        "attempts": deliveries - 1,
-                    },
-                )
-            return result
-    owned: list[bool] = []
-    held: list[Claim] = []
+            # visibility timeout): not a sign of poison. Wait for that run instead.
+            return guard.await_first_run(request_id, self.body, claim)
+        deliveries = guard.deliveries(request_id)
+        if deliveries <= MAX_ATTEMPTS:
+            return None
+        result = poison_result(self.body, deliveries)
+        if deliveries == MAX_ATTEMPTS + 1:  # kept once, by the delivery that crossed the line
+            record = {"skill": result.skill_name, "tool": result.tool_name}
+            guard.store.dead_letter(request_id, {**record, "attempts": deliveries - 1})
+        return result
 
-    def claim_write(request: Any, tool: Any, timeout_s: float) -> None:
-        existing = guard.claim(request_id, timeout_s)
-        if existing is None:
-            owned.append(True)
+    def claim(self, request: SkillInvocationRequest, tool: ToolSpec, timeout_s: float) -> None:
+        """Claim the write before the tool starts (the runtime's ``before_write`` hook).
+
+        Raises:
+            WriteAlreadyClaimed: another run holds the claim; the tool must not start.
+        """
+        held = self.guard.store.claim(self.request_id, Claim.mine(timeout_s + CLAIM_GRACE_S))
+        if held is None:
+            self._owns_claim = True
             return
-        held.append(existing)
-        raise WriteAlreadyClaimed(existing)
+        self._held = held
+        raise WriteAlreadyClaimed(held)
 
-    result = run(body, claim_write)
-    if owned:
-        guard.finish(request_id, result_payload(result, request_id))
+    def finish(self, result: SkillResult) -> SkillResult:
+        """The delivery's result: a write it claimed is recorded, another run's is awaited."""
+        if self._owns_claim:
+            self.guard.store.finish(self.request_id, result_payload(result, self.request_id))
+            return result
+        if self._held is not None:
+            return self.guard.await_first_run(self.request_id, self.body, self._held)
         return result
-    if not held:
-        return result
-    return _after_claim(guard, request_id, body, held[0], poll_s)
-
-
-def _after_claim(
-    guard: Guard, request_id: str, body: Any, claim: Claim | None, poll_s: float
-) -> SkillResult:
-    """The result of a write claimed by another run: wait for it while that run may go on."""
-    while claim is not None and claim.done is None and claim.may_still_run():
-        time.sleep(poll_s)
-        claim = guard.read_claim(request_id)
-    if claim is not None and claim.done is not None:
-        return SkillResult.model_validate(claim.done)
-    return interrupted_result(body)

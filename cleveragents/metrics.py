@@ -1,10 +1,11 @@
 """Metrics beyond Flower's own, in the Prometheus text format.
 
 Workers count invocations by skill, tool, outcome and error type, and their
-durations in histogram buckets, in memory, and add them to Redis hashes every
-``FLUSH_S`` (one pipeline per process, not a round trip per invocation). The
-``cleveragents metrics`` exporter reads those, plus the length of every queue and
-the age of its oldest waiting message, and serves them at ``/metrics``.
+durations in histogram buckets, in memory, and add them to their metric store
+every ``FLUSH_S`` (one pipeline per process with Redis, not a round trip per
+invocation; the embedded default drops them). The ``cleveragents metrics``
+exporter reads those, plus the length of every queue and the age of its oldest
+waiting message, and serves them at ``/metrics``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import os
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 from cleveragents.constants import (
@@ -24,27 +25,24 @@ from cleveragents.constants import (
     SENT_AT_HEADER,
 )
 from cleveragents.skills import SkillResult
+from cleveragents.stores import MetricCounts, MetricStore, RedisMetricStore
 
-__all__ = ["BUCKETS", "MetricsRecorder", "render"]
+__all__ = ["BUCKETS", "FLUSH_S", "MetricsRecorder", "render"]
 
 #: Histogram buckets of invocation durations, in seconds.
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 300.0)
-#: Seconds between two flushes of a process's counters to Redis.
+#: Seconds between two flushes of a process's counters to its metric store.
 FLUSH_S = 2.0
-INVOCATIONS_KEY = "cleveragents:metrics:invocations"
-DURATIONS_KEY = "cleveragents:metrics:durations"
 QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
 
 
 class MetricsRecorder:
-    """In-process counters of one worker process, flushed to Redis in the background."""
+    """In-process counters of one worker process, flushed to a metric store in the background."""
 
-    def __init__(self, redis: Any) -> None:
-        self.redis = redis
+    def __init__(self, store: MetricStore) -> None:
+        self.store = store
         self._lock = threading.Lock()
-        self._invocations: Counter[str] = Counter()
-        self._durations: Counter[str] = Counter()
-        self._sums: dict[str, float] = defaultdict(float)
+        self._counts = MetricCounts()
         self._pid = 0
 
     def record(self, result: SkillResult) -> None:
@@ -56,13 +54,14 @@ class MetricsRecorder:
         tool = json.dumps([result.skill_name, result.tool_name])
         bucket = next((b for b in BUCKETS if seconds <= b), "+Inf")
         with self._lock:
-            self._invocations[key] += 1
-            self._durations[json.dumps([result.skill_name, result.tool_name, str(bucket)])] += 1
-            self._sums[tool] += seconds
+            counts = self._counts
+            counts.invocations[key] += 1
+            counts.durations[json.dumps([result.skill_name, result.tool_name, str(bucket)])] += 1
+            counts.sums[tool] = counts.sums.get(tool, 0.0) + seconds
         self._ensure_flusher()
 
     def _ensure_flusher(self) -> None:
-        if self._pid == os.getpid() or self.redis is None:
+        if self._pid == os.getpid():
             return
         self._pid = os.getpid()  # once per process (a forked pool child starts its own)
         threading.Thread(target=self._loop, name="metrics-flush", daemon=True).start()
@@ -72,32 +71,20 @@ class MetricsRecorder:
             time.sleep(FLUSH_S)
             try:
                 self.flush()
-            except Exception:  # Redis away: keep counting, flush later
+            except Exception:  # the store is away: keep counting, flush later
                 continue
 
     def flush(self) -> None:
-        """Add the counts so far to Redis and start counting afresh."""
+        """Add the counts so far to the store and start counting afresh."""
         with self._lock:
-            invocations, durations, sums = self._invocations, self._durations, self._sums
-            self._invocations, self._durations = Counter(), Counter()
-            self._sums = defaultdict(float)
-        if not (invocations or durations):
+            counts, self._counts = self._counts, MetricCounts()
+        if not counts:
             return
         try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for field, n in invocations.items():
-                    pipe.hincrby(INVOCATIONS_KEY, field, n)
-                for field, n in durations.items():
-                    pipe.hincrby(DURATIONS_KEY, field, n)
-                for field, total in sums.items():
-                    pipe.hincrbyfloat(DURATIONS_KEY, f"sum:{field}", total)
-                pipe.execute()
+            self.store.add(counts)
         except Exception:
             with self._lock:  # put them back for the next flush
-                self._invocations.update(invocations)
-                self._durations.update(durations)
-                for field, total in sums.items():
-                    self._sums[field] += total
+                self._counts.add(counts)
             raise
 
 
@@ -141,35 +128,34 @@ def render(redis: Any) -> str:
         "# HELP cleveragents_invocations_total Finished invocations.",
         "# TYPE cleveragents_invocations_total counter",
     ]
-    for field, count in sorted(redis.hgetall(INVOCATIONS_KEY).items()):
+    counts = RedisMetricStore(redis).totals()
+    for field, count in sorted(counts.invocations.items()):
         skill, tool, outcome, error = json.loads(field)
         lines.append(
             f"cleveragents_invocations_total"
             f"{_labels(skill=skill, tool=tool, outcome=outcome, error_type=error)} {int(count)}"
         )
-    lines += _histogram(redis.hgetall(DURATIONS_KEY))
+    lines += _histogram(counts)
     return "\n".join(lines) + "\n"
 
 
-def _histogram(raw: dict[Any, Any]) -> list[str]:
+def _histogram(counts: MetricCounts) -> list[str]:
     buckets: dict[tuple[str, str], Counter[str]] = {}
     sums: dict[tuple[str, str], float] = {}
-    for field, value in raw.items():
-        text = field.decode() if isinstance(field, bytes) else str(field)
-        if text.startswith("sum:"):
-            skill, tool = json.loads(text[4:])
-            sums[(skill, tool)] = float(value)
-            continue
-        skill, tool, bucket = json.loads(text)
+    for field, total in counts.sums.items():
+        skill, tool = json.loads(field)
+        sums[(skill, tool)] = total
+    for field, value in counts.durations.items():
+        skill, tool, bucket = json.loads(field)
         buckets.setdefault((skill, tool), Counter())[bucket] += int(value)
     lines = [
         "# HELP cleveragents_invocation_duration_seconds Time an invocation took in the runtime.",
         "# TYPE cleveragents_invocation_duration_seconds histogram",
     ]
-    for (skill, tool), counts in sorted(buckets.items()):
+    for (skill, tool), per_bucket in sorted(buckets.items()):
         running = 0
         for bound in [*(str(b) for b in BUCKETS), "+Inf"]:
-            running += counts.get(bound, 0)
+            running += per_bucket.get(bound, 0)
             lines.append(
                 f"cleveragents_invocation_duration_seconds_bucket"
                 f"{_labels(skill=skill, tool=tool, le=bound)} {running}"

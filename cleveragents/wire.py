@@ -26,6 +26,7 @@ __all__ = [
     "request_payload",
     "result_from_stored",
     "result_payload",
+    "stored_payload",
 ]
 
 
@@ -95,30 +96,41 @@ def failure_summary(result: SkillResult) -> str:
     return f"{error.error_type}: {error.message}".replace("\n", " ")
 
 
-def _unreadable(request_id: str, why: str) -> SkillResult:
-    return failed_result(
+def _unreadable(request_id: str, why: str) -> dict[str, Any]:
+    result = failed_result(
         "", "", SkillErrorType.TOOL_EXECUTION_FAILURE, why, {"request_id": request_id}
     )
+    return result_payload(result, request_id)
 
 
-def result_from_stored(value: Any, request_id: str = "") -> SkillResult:
-    """Rebuild a ``SkillResult`` from what Celery stored (a payload, or the failure)."""
+def stored_payload(value: Any, request_id: str = "") -> dict[str, Any]:
+    """The ``SkillResult`` payload in what Celery stored: a return value or a failure.
+
+    The one decoder of stored failure envelopes: ``SkillInvocationFailed`` (as
+    raised, as rebuilt by Celery under another class, or as its stored
+    ``exc_type``/``exc_message`` dict) or a plain payload. Anything else is a
+    ``tool_execution_failure`` saying what was found. A payload is returned as
+    stored, not validated (batch reads decode thousands at a time).
+    """
     if isinstance(value, SkillInvocationFailed):
-        value = value.payload
-    elif isinstance(value, BaseException):
+        return value.payload
+    if isinstance(value, BaseException):
         args: tuple[Any, ...] = tuple(getattr(value, "args", ()))
         if len(args) == 2 and isinstance(args[1], dict):
-            value = args[1]  # SkillInvocationFailed rebuilt by Celery under another class
-        else:
-            return _unreadable(request_id, f"the task failed outside the runtime: {value!r}")
-    elif isinstance(value, dict) and "exc_type" in value:
+            return args[1]  # SkillInvocationFailed rebuilt by Celery under another class
+        return _unreadable(request_id, f"the task failed outside the runtime: {value!r}")
+    if isinstance(value, dict) and "exc_type" in value:
         message = value.get("exc_message")
         if isinstance(message, list | tuple) and len(message) == 2 and isinstance(message[1], dict):
-            value = message[1]
-        else:
-            return _unreadable(request_id, f"the task failed outside the runtime: {value}")
+            return message[1]
+        return _unreadable(request_id, f"the task failed outside the runtime: {value}")
     if not isinstance(value, dict):
         return _unreadable(
             request_id, f"stored result is not a SkillResult: {type(value).__name__}"
         )
-    return SkillResult.model_validate(value)
+    return value
+
+
+def result_from_stored(value: Any, request_id: str = "") -> SkillResult:
+    """Rebuild a ``SkillResult`` from what Celery stored (a payload, or the failure)."""
+    return SkillResult.model_validate(stored_payload(value, request_id))

@@ -1,4 +1,4 @@
-"""``skills.invoke``: decode the wire request, call the runtime, encode the ``SkillResult``."""
+"""``skills.invoke``: decode the wire request, call the pipeline, encode the ``SkillResult``."""
 
 from __future__ import annotations
 
@@ -7,15 +7,11 @@ from typing import Any
 from celery import Task
 
 from cleveragents.constants import TASK_INVOKE
-from cleveragents.guard import run_at_most_once
-from cleveragents.runtime import invoke as run_invocation
-from cleveragents.runtime.invoke import BeforeWrite
-from cleveragents.skills import SkillResult
+from cleveragents.pipeline import execute
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 from worker import app, state
-from worker.observe import observe
 
-__all__ = ["invoke", "run_request"]
+__all__ = ["invoke", "redelivered"]
 
 
 def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str) -> Any:
@@ -31,16 +27,9 @@ def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: s
     return args
 
 
-def run_request(body: Any, before_write: BeforeWrite | None = None) -> SkillResult:
-    """Run one decoded request body through the runtime with this worker's policy."""
-    current = state.current()
-    return run_invocation(
-        body,
-        current.catalogue,
-        read_only=current.settings.read_only,
-        default_timeout_s=current.settings.default_timeout_s,
-        before_write=before_write,
-    )
+def redelivered(task: Task[Any, Any]) -> bool:
+    """Whether the broker marked the task's message as delivered before."""
+    return bool((task.request.delivery_info or {}).get("redelivered"))
 
 
 @app.task(
@@ -54,14 +43,8 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one skill invocation; a failed one is raised so Flower shows it as failed."""
     task_id = self.request.id or ""
     body = _request_from_args(args, kwargs, task_id)
-    guard = state.guard(self.app.backend)
-    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    result = (
-        run_at_most_once(guard, task_id, body, run_request, redelivered=redelivered)
-        if task_id
-        else run_request(body)
-    )
-    observe(self.app.backend, task_id, result)
+    pipeline = state.pipeline(self.app.backend)
+    result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))
     payload = result_payload(result, task_id)
     if not result.success:
         raise SkillInvocationFailed(failure_summary(result), payload)

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from cleveragents.logs import log_invocation
 from cleveragents.metrics import MetricsRecorder
 from cleveragents.skills import SkillResult
+from cleveragents.stores import MetricStore
 
-__all__ = ["observe"]
-
-_recorders: dict[int, MetricsRecorder] = {}
-
-
-def _recorder(backend: Any) -> MetricsRecorder:
-    found = _recorders.get(id(backend))
-    if found is None:
-        client = getattr(backend, "client", None)  # metrics need Redis; none on the embedded
-        found = MetricsRecorder(client if hasattr(client, "pipeline") else None)
-        _recorders[id(backend)] = found
-    return found
+__all__ = ["Observer"]
 
 
-def observe(backend: Any, request_id: str, result: SkillResult) -> None:
-    """Log the invocation's line and count it."""
-    log_invocation(request_id, result)
-    _recorder(backend).record(result)
+class Observer:
+    """The pipeline's observer in a worker process: logs each invocation's line and counts it."""
+
+    def __init__(self, metrics: MetricStore) -> None:
+        self.recorder = MetricsRecorder(metrics)
+
+    def __call__(self, request_id: str, result: SkillResult) -> None:
+        log_invocation(request_id, result)
+        self.recorder.record(result)

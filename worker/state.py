@@ -1,4 +1,4 @@
-"""Per-process worker state: the catalogue (loaded once) and the read-only policy."""
+"""Per-process worker state: the catalogue (loaded once), the policy, and the pipeline."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from cleveragents.guard import Guard, guard_for
+from cleveragents.pipeline import Pipeline
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
+from cleveragents.stores import open_stores
+from worker.observe import Observer
 
-__all__ = ["WorkerState", "current", "guard"]
+__all__ = ["WorkerState", "current", "pipeline"]
 
 log = logging.getLogger("cleveragents.worker")
 _lock = threading.Lock()
 _state: WorkerState | None = None
+_pipeline: Pipeline | None = None
 
 
 @dataclass(frozen=True)
@@ -24,19 +27,6 @@ class WorkerState:
 
     settings: Settings
     catalogue: Catalogue
-
-
-_guards: dict[int, Guard] = {}
-
-
-def guard(backend: Any) -> Guard:
-    """The at-most-once guard beside ``backend`` (one per backend, per process)."""
-    found = _guards.get(id(backend))
-    if found is None:
-        settings = current().settings
-        found = guard_for(backend, settings.home.resolve(), settings.result_expires_s)
-        _guards[id(backend)] = found
-    return found
 
 
 def load() -> WorkerState:
@@ -62,3 +52,21 @@ def current() -> WorkerState:
             if _state is None:
                 _state = load()
     return _state
+
+
+def pipeline(backend: Any) -> Pipeline:
+    """This process's invocation pipeline, its stores chosen once beside ``backend``."""
+    global _pipeline
+    if _pipeline is None:
+        state = current()
+        with _lock:
+            if _pipeline is None:
+                stores = open_stores(state.settings, backend)
+                _pipeline = Pipeline.over(
+                    state.catalogue,
+                    stores,
+                    read_only=state.settings.read_only,
+                    default_timeout_s=state.settings.default_timeout_s,
+                    observe=Observer(stores.metrics),
+                )
+    return _pipeline

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.runner import BatchRunner, invalid_payload
@@ -16,14 +16,38 @@ from cleveragents.errors import SchemaValidationError
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
+from cleveragents.stores import BatchLedger, ResultStore
 
-if TYPE_CHECKING:
-    from cleveragents.client import SkillClient
-
-__all__ = ["BatchStatus", "as_items", "batch_results", "batch_status", "run_many", "submit_batch"]
+__all__ = [
+    "BatchProducer",
+    "BatchStatus",
+    "as_items",
+    "batch_results",
+    "batch_status",
+    "run_many",
+    "submit_batch",
+]
 
 #: Chunk size of background batches (no results come back to adapt it).
 SUBMIT_CHUNK = 100
+
+
+class BatchProducer(Protocol):
+    """What batches need of a producer (a ``SkillClient``): its stores and a chunk sender."""
+
+    @property
+    def results(self) -> ResultStore:
+        """Where results are stored."""
+        ...
+
+    @property
+    def ledger(self) -> BatchLedger:
+        """Where background batches keep their ordered request ids."""
+        ...
+
+    def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
+        """Publish many requests as one chunk message."""
+        ...
 
 
 def as_items(requests: Iterable[SkillInvocationRequest | Mapping[str, Any]]) -> Iterator[BatchItem]:
@@ -50,7 +74,7 @@ def as_items(requests: Iterable[SkillInvocationRequest | Mapping[str, Any]]) -> 
 
 
 def run_many(
-    client: SkillClient,
+    client: BatchProducer,
     items: Iterable[BatchItem],
     *,
     reuse: bool = True,
@@ -64,8 +88,55 @@ def run_many(
     return BatchRunner(items, client.results, client.send_chunk, **options)
 
 
+class _Submission:
+    """A background batch being submitted: chunks by queue, ids in order, invalid lines."""
+
+    def __init__(self, client: BatchProducer, batch_id: str) -> None:
+        self.client = client
+        self.batch_id = batch_id
+        self.total = 0
+        self.chunks: dict[bool, list[SkillInvocationRequest]] = {False: [], True: []}
+        self.ids: list[str] = []
+        self.invalid: list[tuple[str, dict[str, Any]]] = []
+
+    def add(self, item: BatchItem) -> None:
+        """Take one item; send its chunk once full (its ids recorded first)."""
+        self.total += 1
+        self.ids.append(item.request_id)
+        if item.request is None:
+            self.invalid.append((item.request_id, invalid_payload(item)))
+            if len(self.invalid) >= SUBMIT_CHUNK:
+                self._store_invalid()
+            return
+        writes = item.request.allow_writes
+        self.chunks[writes].append(item.request)
+        if len(self.chunks[writes]) >= SUBMIT_CHUNK:
+            self._record_ids()
+            self._send(writes)
+
+    def close(self) -> None:
+        """Record the remaining ids, send the last chunks, store the last invalid lines."""
+        self._record_ids()
+        self._send(False)
+        self._send(True)
+        self._store_invalid()
+
+    def _record_ids(self) -> None:
+        self.client.ledger.append(self.batch_id, self.ids)
+        self.ids = []
+
+    def _send(self, writes: bool) -> None:
+        if self.chunks[writes]:
+            self.client.send_chunk(self.chunks[writes])
+            self.chunks[writes] = []
+
+    def _store_invalid(self) -> None:
+        self.client.results.put_payloads(self.invalid)
+        self.invalid = []
+
+
 def submit_batch(
-    client: SkillClient,
+    client: BatchProducer,
     items: Iterable[BatchItem],
     *,
     batch_id: str | None = None,
@@ -73,44 +144,19 @@ def submit_batch(
 ) -> tuple[str, int]:
     """Submit every item in chunks without waiting; returns the batch id and the count."""
     batch_id = batch_id or uuid.uuid4().hex[:16]
-    ledger = client.ledger
     meta: dict[str, Any] = {
         "batch_id": batch_id,
         "source": source,
         "total": None,
         "created": datetime.now(UTC).isoformat(),
     }
-    ledger.set_meta(batch_id, meta)
-    total = 0
-    chunks: dict[bool, list[SkillInvocationRequest]] = {False: [], True: []}
-    ids: list[str] = []
-    invalid: list[tuple[str, dict[str, Any]]] = []
-
-    def flush(writes: bool) -> None:
-        if chunks[writes]:
-            client.send_chunk(chunks[writes])
-            chunks[writes] = []
-
+    client.ledger.set_meta(batch_id, meta)
+    submission = _Submission(client, batch_id)
     for item in items:
-        total += 1
-        ids.append(item.request_id)
-        if item.request is None:
-            invalid.append((item.request_id, invalid_payload(item)))
-        else:
-            chunks[item.request.allow_writes].append(item.request)
-            if len(chunks[item.request.allow_writes]) >= SUBMIT_CHUNK:
-                ledger.append(batch_id, ids)
-                ids = []
-                flush(item.request.allow_writes)
-        if invalid and len(invalid) >= SUBMIT_CHUNK:
-            client.results.put_payloads(invalid)
-            invalid = []
-    ledger.append(batch_id, ids)
-    flush(False)
-    flush(True)
-    client.results.put_payloads(invalid)
-    ledger.set_meta(batch_id, {**meta, "total": total})
-    return batch_id, total
+        submission.add(item)
+    submission.close()
+    client.ledger.set_meta(batch_id, {**meta, "total": submission.total})
+    return batch_id, submission.total
 
 
 @dataclass
@@ -140,7 +186,7 @@ def _count(status: BatchStatus, payload: Mapping[str, Any]) -> None:
     status.failed_by_type[kind] = status.failed_by_type.get(kind, 0) + 1
 
 
-def batch_status(client: SkillClient, batch_id: str) -> BatchStatus | None:
+def batch_status(client: BatchProducer, batch_id: str) -> BatchStatus | None:
     """Counts of a background batch (None when there is no such batch)."""
     meta = client.ledger.meta(batch_id)
     if meta is None:
@@ -160,7 +206,7 @@ def batch_status(client: SkillClient, batch_id: str) -> BatchStatus | None:
     return status
 
 
-def batch_results(client: SkillClient, batch_id: str, *, poll_s: float = 0.05) -> Iterator[Entry]:
+def batch_results(client: BatchProducer, batch_id: str, *, poll_s: float = 0.05) -> Iterator[Entry]:
     """Every result of a background batch, in input order, waiting for those not yet done."""
     gather = OrderedGather(client.results)
     ids = client.ledger.ids(batch_id)

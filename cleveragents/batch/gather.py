@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleveragents.results import ResultStore
+from cleveragents.stores import ResultStore
 
 __all__ = ["Entry", "OrderedGather"]
 

@@ -2,7 +2,7 @@
 
 Chunks are ``DEFAULT_CHUNK`` requests: enough that Celery's per-message cost
 vanishes for millisecond tools. Fairness does not depend on the chunk size: a
-worker runs a chunk for one time slice and requeues the rest (tasks/batch.py).
+worker runs a chunk for one time slice and requeues the rest (cleveragents/pipeline/chunk.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from cleveragents.batch.source import BatchItem
 from cleveragents.constants import MAX_CHUNK_BYTES
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
-from cleveragents.results import ResultStore
 from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.stores import ResultStore
 from cleveragents.wire import result_payload
 
 __all__ = ["BatchRunner", "invalid_payload"]

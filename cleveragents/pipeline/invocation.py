@@ -1,0 +1,84 @@
+"""``execute``: one delivered invocation through the guard and the runtime, then observed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cleveragents.guard import Guard
+from cleveragents.runtime import DEFAULT_TIMEOUT_S
+from cleveragents.runtime import invoke as run_invocation
+from cleveragents.runtime.invoke import BeforeWrite
+from cleveragents.skills import Catalogue, SkillResult
+from cleveragents.stores import ResultStore, Stores
+
+__all__ = ["Observer", "Pipeline", "execute"]
+
+#: Told of every finished invocation (a worker logs its line and counts it).
+Observer = Callable[[str, SkillResult], None]
+
+
+def _unobserved(request_id: str, result: SkillResult) -> None:
+    """The default observer: nothing is reported."""
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What every invocation in a worker process needs: catalogue, policy, guard and stores."""
+
+    catalogue: Catalogue
+    guard: Guard
+    results: ResultStore
+    read_only: bool = False
+    default_timeout_s: float = DEFAULT_TIMEOUT_S
+    observe: Observer = field(default=_unobserved)
+
+    @classmethod
+    def over(
+        cls,
+        catalogue: Catalogue,
+        stores: Stores,
+        *,
+        read_only: bool = False,
+        default_timeout_s: float = DEFAULT_TIMEOUT_S,
+        observe: Observer = _unobserved,
+    ) -> Pipeline:
+        """A pipeline whose guard and results live in ``stores``."""
+        guard = Guard(stores.guard)
+        return cls(catalogue, guard, stores.results, read_only, default_timeout_s, observe)
+
+    def run(self, body: Any, before_write: BeforeWrite | None = None) -> SkillResult:
+        """Run one decoded request body through the runtime with this process's policy."""
+        return run_invocation(
+            body,
+            self.catalogue,
+            read_only=self.read_only,
+            default_timeout_s=self.default_timeout_s,
+            before_write=before_write,
+        )
+
+    def run_guarded(
+        self, body: Any, request_id: str, *, redelivered: bool, chunk_item: bool = False
+    ) -> SkillResult:
+        """Run one delivery under the guard, then report it to the observer."""
+        with self.guard.delivery(
+            request_id, body, redelivered=redelivered, chunk_item=chunk_item
+        ) as delivery:
+            result = delivery.settled or delivery.finish(self.run(body, delivery.claim))
+        self.observe(request_id, result)
+        return result
+
+
+def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool) -> SkillResult:
+    """Run one delivered invocation; every outcome is a ``SkillResult``.
+
+    ``request_id`` is the message's task id: the guard counts and claims under it.
+    A message without one (not our producer's) runs unguarded: there is no id to
+    store its result under anyway.
+    """
+    if request_id:
+        return pipeline.run_guarded(body, request_id, redelivered=redelivered)
+    result = pipeline.run(body)
+    pipeline.observe(request_id, result)
+    return result

@@ -1,0 +1,214 @@
+"""The four kinds of state beside the queue, one protocol each, and the records they keep.
+
+Policy (the guard, the pipeline, the batch runner, the metrics recorder) only
+calls these methods; which implementation it holds (Redis, files, memory) was
+chosen once, by ``cleveragents.stores.open_stores``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cleveragents.skills import SkillResult
+
+__all__ = [
+    "BatchLedger",
+    "Claim",
+    "GuardStore",
+    "MetricCounts",
+    "MetricStore",
+    "ResultStore",
+]
+
+_HOST = socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who started a write, until when it may still be running, and its result once done."""
+
+    host: str
+    pid: int
+    until: float
+    done: dict[str, Any] | None = None
+
+    @classmethod
+    def mine(cls, for_s: float) -> Claim:
+        """A claim by this process that may run for ``for_s`` seconds from now."""
+        return cls(_HOST, os.getpid(), time.time() + for_s)
+
+    @classmethod
+    def finished(cls, payload: dict[str, Any]) -> Claim:
+        """The claim of a write that has finished with ``payload``."""
+        return cls(_HOST, os.getpid(), 0.0, payload)
+
+    def owner_alive(self) -> bool:
+        """False when the owner is known to be dead (same host, no such process)."""
+        if self.host != _HOST:
+            return True  # another machine: trust its deadline
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def may_still_run(self) -> bool:
+        """True while the first run may still finish and store its result."""
+        return time.time() < self.until and self.owner_alive()
+
+    def running(self) -> bool:
+        """True while the write is unfinished and its first run may still finish it."""
+        return self.done is None and self.may_still_run()
+
+    def encode(self) -> str:
+        """The claim as stored: one JSON object."""
+        data: dict[str, Any] = {"host": self.host, "pid": self.pid, "until": self.until}
+        if self.done is not None:
+            data["done"] = self.done
+        return json.dumps(data)
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Claim:
+        """A stored claim; an unreadable one reads as a claim whose owner is long gone."""
+        try:
+            data = json.loads(raw)
+            done = data.get("done")
+            return cls(
+                str(data["host"]),
+                int(data["pid"]),
+                float(data["until"]),
+                done if isinstance(done, dict) else None,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls("", 0, 0.0)
+
+
+@dataclass
+class MetricCounts:
+    """Counters of finished invocations: by outcome, by duration bucket, and summed seconds.
+
+    Keys are JSON arrays: ``[skill, tool, outcome, error_type]`` for ``invocations``,
+    ``[skill, tool, bucket]`` for ``durations`` and ``[skill, tool]`` for ``sums``.
+    """
+
+    invocations: Counter[str] = field(default_factory=Counter)
+    durations: Counter[str] = field(default_factory=Counter)
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.invocations or self.durations or self.sums)
+
+    def add(self, other: MetricCounts) -> None:
+        """Add ``other``'s counts to these."""
+        self.invocations.update(other.invocations)
+        self.durations.update(other.durations)
+        for key, seconds in other.sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + seconds
+
+
+class GuardStore(Protocol):
+    """Attempt counters, write claims and dead letters of the at-most-once guard."""
+
+    @property
+    def marks_redeliveries(self) -> bool:
+        """True when the broker beside this store marks redelivered messages.
+
+        Then only redeliveries need counting (a first delivery costs nothing); else
+        every delivery is counted, and a chunk counts its own deliveries.
+        """
+        ...
+
+    def attempt(self, request_id: str) -> int:
+        """Count one more delivery of ``request_id``; return how many have been counted."""
+        ...
+
+    def claim(self, request_id: str, claim: Claim) -> Claim | None:
+        """Take the write claim atomically: None when taken, else the claim already held."""
+        ...
+
+    def read_claim(self, request_id: str) -> Claim | None:
+        """The write claim of ``request_id``, if any."""
+        ...
+
+    def finish(self, request_id: str, payload: dict[str, Any]) -> None:
+        """Record the result of a claimed write in its claim."""
+        ...
+
+    def dead_letter(self, request_id: str, record: dict[str, Any]) -> None:
+        """Keep a poison invocation for inspection (the same record twice is kept once)."""
+        ...
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` dead letters, newest first."""
+        ...
+
+
+class ResultStore(Protocol):
+    """Finished ``SkillResult``s in Celery's own result format, many at a time."""
+
+    def get_payloads(self, request_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The stored payload of each id (None where there is none yet), in order."""
+        ...
+
+    def reusable(
+        self,
+        request_ids: Sequence[str],
+        allow_writes: Sequence[bool],
+        *,
+        forget_stale: bool = False,
+    ) -> list[dict[str, Any] | None]:
+        """The stored payload of each id where it answers that request, else None."""
+        ...
+
+    def forget(self, request_ids: Sequence[str]) -> None:
+        """Delete the stored results of ``request_ids``."""
+        ...
+
+    def put_many(self, items: Iterable[tuple[str, SkillResult]]) -> None:
+        """Store finished results, each under its own request id."""
+        ...
+
+    def put_payloads(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Store already-encoded result payloads (fields plus ``request_id``)."""
+        ...
+
+
+class BatchLedger(Protocol):
+    """The ordered request ids and the description of each background batch."""
+
+    def set_meta(self, batch_id: str, meta: dict[str, Any]) -> None:
+        """Record (or replace) what the batch is: its file, counts, times."""
+        ...
+
+    def meta(self, batch_id: str) -> dict[str, Any] | None:
+        """The batch's description, or None when there is no such batch."""
+        ...
+
+    def append(self, batch_id: str, request_ids: Sequence[str]) -> None:
+        """Add request ids behind those already recorded."""
+        ...
+
+    def ids(self, batch_id: str) -> Iterator[str]:
+        """The batch's request ids, in input order."""
+        ...
+
+
+class MetricStore(Protocol):
+    """Where worker processes add their invocation counters, and the exporter reads them."""
+
+    def add(self, counts: MetricCounts) -> None:
+        """Add ``counts`` to the totals."""
+        ...
+
+    def totals(self) -> MetricCounts:
+        """Every count added so far (by any process sharing this store)."""
+        ...

@@ -1,0 +1,76 @@
+"""The one place that chooses the stores: Redis beside a Redis result backend, else files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from cleveragents.settings import Settings
+from cleveragents.stores.base import BatchLedger, GuardStore, MetricStore, ResultStore
+from cleveragents.stores.files import (
+    FileBatchLedger,
+    FileGuardStore,
+    FileResultStore,
+    NullMetricStore,
+)
+from cleveragents.stores.memory import (
+    MemoryBatchLedger,
+    MemoryGuardStore,
+    MemoryMetricStore,
+    MemoryResultStore,
+)
+from cleveragents.stores.redis import (
+    RedisBatchLedger,
+    RedisGuardStore,
+    RedisMetricStore,
+    RedisResultStore,
+)
+
+__all__ = ["Stores", "open_stores"]
+
+
+@dataclass(frozen=True)
+class Stores:
+    """Every store of one deployment, chosen together."""
+
+    guard: GuardStore
+    results: ResultStore
+    ledger: BatchLedger
+    metrics: MetricStore
+
+    @classmethod
+    def in_memory(cls, *, marks_redeliveries: bool = True) -> Stores:
+        """Fresh in-memory stores (``marks_redeliveries``: stand in for Redis, or not)."""
+        return cls(
+            guard=MemoryGuardStore(marks_redeliveries=marks_redeliveries),
+            results=MemoryResultStore(),
+            ledger=MemoryBatchLedger(),
+            metrics=MemoryMetricStore(),
+        )
+
+
+def open_stores(settings: Settings, backend: Any) -> Stores:
+    """The stores beside Celery's result ``backend``.
+
+    With the Redis result backend: keys in that Redis, through the backend's own
+    client (one connection pool). With any other (the embedded default's file
+    store): files under ``settings.home``, and results in the backend itself.
+    """
+    client = getattr(backend, "client", None)
+    expires = int(getattr(backend, "expires", 0) or 0) or None
+    if isinstance(client, redis.Redis):
+        return Stores(
+            guard=RedisGuardStore(client, ttl_s=settings.result_expires_s),
+            results=RedisResultStore(client, backend.get_key_for_task, expires),
+            ledger=RedisBatchLedger(client, expires),
+            metrics=RedisMetricStore(client),
+        )
+    home = settings.home.resolve()
+    return Stores(
+        guard=FileGuardStore(home / "guard"),
+        results=FileResultStore(backend),
+        ledger=FileBatchLedger(home / "batches"),
+        metrics=NullMetricStore(),
+    )

@@ -1,0 +1,221 @@
+"""The Redis stores: keys beside Celery's results, every call through one retry policy.
+
+Each call rides out a Redis restart (``cleveragents.retry.retrying``). A write
+whose reply was lost to a broken connection is sent again: setting a key or
+deleting one is idempotent, and a dead letter is replaced rather than added
+twice; a counter (``INCR``, ``HINCRBY``) or a ledger append (``RPUSH``) caught
+that way may count twice, the one cost of never losing one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+from cleveragents.constants import (
+    BATCH_KEY_PREFIX,
+    CLAIM_KEY_PREFIX,
+    DEAD_LETTER_KEY,
+    DEAD_LETTER_LIMIT,
+    DURATIONS_KEY,
+    INVOCATIONS_KEY,
+)
+from cleveragents.retry import retrying
+from cleveragents.stores.base import Claim, MetricCounts
+from cleveragents.stores.results import KeyValueResults
+
+__all__ = ["RedisBatchLedger", "RedisGuardStore", "RedisMetricStore", "RedisResultStore"]
+
+#: Ledger ids read from Redis at once.
+_PAGE = 10_000
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisGuardStore:
+    """Guard records as Redis keys: ``INCR`` counters, ``SET NX`` claims, a dead-letter list."""
+
+    #: kombu's Redis transport marks a restored message as redelivered.
+    marks_redeliveries = True
+
+    def __init__(self, client: Any, ttl_s: float) -> None:
+        self.client = client
+        self.ttl = max(int(ttl_s), 60)
+
+    def _key(self, kind: str, request_id: str) -> str:
+        return f"{CLAIM_KEY_PREFIX}{kind}:{request_id}"
+
+    def attempt(self, request_id: str) -> int:
+        """Count one more delivery of ``request_id``; return how many have been counted."""
+        key = self._key("attempts", request_id)
+
+        def count() -> int:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, self.ttl)
+                total, _ = pipe.execute()
+            return int(total)
+
+        return retrying(count)
+
+    def claim(self, request_id: str, claim: Claim) -> Claim | None:
+        """Take the write claim atomically: None when taken, else the claim already held."""
+        key, text = self._key("write", request_id), claim.encode()
+        if retrying(lambda: self.client.set(key, text, nx=True, ex=self.ttl)):
+            return None
+        raw = retrying(lambda: self.client.get(key))
+        if raw is None:  # expired in between: the earlier run is long over
+            return Claim("", 0, 0.0)
+        stored = Claim.decode(raw)
+        # A reply lost to a broken connection after our own SET NX made the key.
+        return None if stored == claim else stored
+
+    def read_claim(self, request_id: str) -> Claim | None:
+        """The write claim of ``request_id``, if any."""
+        key = self._key("write", request_id)
+        raw = retrying(lambda: self.client.get(key))
+        return Claim.decode(raw) if raw else None
+
+    def finish(self, request_id: str, payload: dict[str, Any]) -> None:
+        """Record the result of a claimed write in its claim."""
+        key, text = self._key("write", request_id), Claim.finished(payload).encode()
+        retrying(lambda: self.client.set(key, text, ex=self.ttl))
+
+    def dead_letter(self, request_id: str, record: dict[str, Any]) -> None:
+        """Keep a poison invocation for inspection (newest first, the last 10,000)."""
+        text = json.dumps({"request_id": request_id, **record})
+
+        def push() -> None:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.lrem(DEAD_LETTER_KEY, 0, text)  # a retried push is kept once
+                pipe.lpush(DEAD_LETTER_KEY, text)
+                pipe.ltrim(DEAD_LETTER_KEY, 0, DEAD_LETTER_LIMIT - 1)
+                pipe.execute()
+
+        retrying(push)
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` dead letters, newest first."""
+        raw = retrying(lambda: self.client.lrange(DEAD_LETTER_KEY, 0, limit - 1))
+        return [json.loads(value) for value in raw]
+
+
+class RedisResultStore(KeyValueResults):
+    """Results in the Redis result backend: one ``MGET`` to read, one pipeline to write."""
+
+    def __init__(self, client: Any, key_for: Callable[[str], Any], expires_s: int | None) -> None:
+        self.client = client
+        self.key_for = key_for
+        self.expires_s = expires_s
+
+    def _read(self, request_ids: Sequence[str]) -> Sequence[Any]:
+        keys = [self.key_for(rid) for rid in request_ids]
+        return list(retrying(lambda: self.client.mget(keys)))
+
+    def _write(self, metas: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        # No PUBLISH per result (Celery's own store does one): it would double the
+        # commands of a batch, and SkillClient.wait also re-reads the store.
+        encoded = [
+            (self.key_for(rid), json.dumps(meta, separators=(",", ":"))) for rid, meta in metas
+        ]
+
+        def write() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key, value in encoded:
+                    pipe.set(key, value, ex=self.expires_s)
+                pipe.execute()
+
+        retrying(write)
+
+    def _delete(self, request_ids: Sequence[str]) -> None:
+        keys = [self.key_for(rid) for rid in request_ids]
+        retrying(lambda: self.client.delete(*keys))
+
+
+class RedisBatchLedger:
+    """A batch as a JSON meta key and a list of ids, expiring with the results."""
+
+    def __init__(self, client: Any, expires_s: int | None) -> None:
+        self.client = client
+        self.expires_s = expires_s
+
+    def _keys(self, batch_id: str) -> tuple[str, str]:
+        return f"{BATCH_KEY_PREFIX}{batch_id}", f"{BATCH_KEY_PREFIX}{batch_id}:ids"
+
+    def set_meta(self, batch_id: str, meta: dict[str, Any]) -> None:
+        """Record (or replace) what the batch is: its file, counts, times."""
+        key, text = self._keys(batch_id)[0], json.dumps(meta)
+        retrying(lambda: self.client.set(key, text, ex=self.expires_s))
+
+    def meta(self, batch_id: str) -> dict[str, Any] | None:
+        """The batch's description, or None when there is no such batch."""
+        key = self._keys(batch_id)[0]
+        raw = retrying(lambda: self.client.get(key))
+        return json.loads(raw) if raw else None
+
+    def append(self, batch_id: str, request_ids: Sequence[str]) -> None:
+        """Add request ids behind those already recorded."""
+        if not request_ids:
+            return
+        ids_key = self._keys(batch_id)[1]
+
+        def push() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.rpush(ids_key, *request_ids)
+                if self.expires_s:
+                    pipe.expire(ids_key, self.expires_s)
+                pipe.execute()
+
+        retrying(push)
+
+    def ids(self, batch_id: str) -> Iterator[str]:
+        """The batch's request ids, in input order, a page at a time."""
+        ids_key = self._keys(batch_id)[1]
+        start = 0
+        while True:
+            page = retrying(partial(self.client.lrange, ids_key, start, start + _PAGE - 1))
+            if not page:
+                return
+            yield from (_text(value) for value in page)
+            start += len(page)
+
+
+class RedisMetricStore:
+    """Counters in two Redis hashes, which ``cleveragents metrics`` exports."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def add(self, counts: MetricCounts) -> None:
+        """Add ``counts`` to the hashes in one pipeline."""
+
+        def write() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for field, n in counts.invocations.items():
+                    pipe.hincrby(INVOCATIONS_KEY, field, n)
+                for field, n in counts.durations.items():
+                    pipe.hincrby(DURATIONS_KEY, field, n)
+                for field, total in counts.sums.items():
+                    pipe.hincrbyfloat(DURATIONS_KEY, f"sum:{field}", total)
+                pipe.execute()
+
+        retrying(write)
+
+    def totals(self) -> MetricCounts:
+        """Every count the workers have added."""
+        invocations = retrying(lambda: self.client.hgetall(INVOCATIONS_KEY))
+        durations = retrying(lambda: self.client.hgetall(DURATIONS_KEY))
+        counts = MetricCounts()
+        for field, value in invocations.items():
+            counts.invocations[_text(field)] += int(value)
+        for field, value in durations.items():
+            text = _text(field)
+            if text.startswith("sum:"):
+                counts.sums[text[4:]] = float(value)
+            else:
+                counts.durations[text] += int(value)
+        return counts

@@ -1,0 +1,399 @@
+"""The guard's policy and the invocation pipeline, on the in-memory stores: no Redis, no worker.
+
+The tools are the fault suite's (``tests/fixtures/fault_tools.py``): each appends
+one line per execution to a file, so a test counts how often a tool really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleveragents.guard import MAX_ATTEMPTS, Claim, Guard
+from cleveragents.pipeline import Pipeline, execute, execute_chunk
+from cleveragents.pipeline.chunk import SLICE_S
+from cleveragents.skills import Catalogue, SkillResult
+from cleveragents.stores import MemoryGuardStore, Stores
+from tests.procs import FIXTURE_SKILLS
+
+SKILL = "test/faults"
+WRITE, IDEMPOTENT, READ = "test/write-once", "test/write-idempotent", "test/read"
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> Catalogue:
+    return Catalogue.from_paths(FIXTURE_SKILLS / "faults.yaml")
+
+
+def make_pipeline(
+    catalogue: Catalogue, stores: Stores, seen: list[tuple[str, SkillResult]] | None = None
+) -> Pipeline:
+    """A pipeline over ``stores`` that polls a claim every 10 ms and records what it observes."""
+    observed = [] if seen is None else seen
+    return Pipeline(
+        catalogue,
+        Guard(stores.guard, poll_s=0.01),
+        stores.results,
+        observe=lambda rid, result: observed.append((rid, result)),
+    )
+
+
+def body(tool: str, key: str, log: Path, **arguments: Any) -> dict[str, Any]:
+    """A request for a fault tool whose request id is ``key``."""
+    return {
+        "request_id": key,
+        "skill": SKILL,
+        "tool": tool,
+        "arguments": {"path": str(log), "key": key, **arguments},
+        "allow_writes": tool != READ,
+    }
+
+
+def runs(log: Path) -> Counter[str]:
+    """How many times each key's tool ran."""
+    if not log.exists():
+        return Counter()
+    return Counter(line.split(" ", 1)[0] for line in log.read_text().splitlines())
+
+
+def reason(result: SkillResult) -> Any:
+    return None if result.error is None else result.error.details.get("reason")
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# --- construction ------------------------------------------------------------------
+
+
+def test_a_guard_cannot_be_built_without_a_store() -> None:
+    with pytest.raises(TypeError):
+        Guard()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="GuardStore"):
+        Guard(None)  # type: ignore[arg-type]
+
+
+# --- claims ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("redelivered", [True, False])
+def test_a_second_delivery_of_a_finished_write_returns_its_result_without_running_it(
+    catalogue: Catalogue, tmp_path: Path, redelivered: bool
+) -> None:
+    # Given a write that ran once and recorded its result in its claim
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    request = body(WRITE, "w-1", tmp_path / "log")
+    first = execute(pipeline, request, request_id="w-1", redelivered=False)
+    assert first.success
+    assert stores.guard.read_claim("w-1") is not None
+    # When the same request id is delivered again (redelivered, or simply sent twice)
+    second = execute(pipeline, request, request_id="w-1", redelivered=redelivered)
+    # Then the tool did not run again and the answer is the first run's result
+    assert runs(tmp_path / "log")["w-1"] == 1
+    assert second == first
+
+
+def test_idempotent_writes_and_reads_take_no_claim_and_simply_run_again(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    for tool, key in ((IDEMPOTENT, "i-1"), (READ, "r-1")):
+        request = body(tool, key, tmp_path / "log")
+        execute(pipeline, request, request_id=key, redelivered=False)
+        execute(pipeline, request, request_id=key, redelivered=True)
+        assert runs(tmp_path / "log")[key] == 2
+        assert stores.guard.read_claim(key) is None
+
+
+def test_a_delivery_waits_for_a_live_first_run_until_its_result_is_recorded(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # Given a write whose first run is still going (it sleeps after writing)
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    request = body(WRITE, "w-live", tmp_path / "log", sleep_s=0.6)
+    results: dict[str, SkillResult] = {}
+    first = threading.Thread(
+        target=lambda: results.setdefault(
+            "first", execute(pipeline, request, request_id="w-live", redelivered=False)
+        )
+    )
+    first.start()
+    deadline = time.monotonic() + 10
+    while stores.guard.read_claim("w-live") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # When it is handed out again meanwhile (a tool that outlives the visibility timeout)
+    started = time.monotonic()
+    second = execute(pipeline, request, request_id="w-live", redelivered=True)
+    waited = time.monotonic() - started
+    first.join(10)
+    # Then the second delivery waited for the first run and answers with its result
+    assert runs(tmp_path / "log")["w-live"] == 1
+    assert second == results["first"]
+    assert second.success
+    assert waited > 0.3
+    # And a live first run is no sign of poison: that delivery was not counted
+    assert stores.guard.attempt("w-live") == 1
+
+
+def test_a_second_delivery_sent_while_the_first_runs_waits_at_the_claim(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # The same id sent twice at once (not a redelivery): the second finds the claim
+    # when the tool is about to start, and waits there for the first run's result.
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    request = body(WRITE, "w-twice", tmp_path / "log", sleep_s=0.5)
+    results: list[SkillResult] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                execute(pipeline, request, request_id="w-twice", redelivered=False)
+            )
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert runs(tmp_path / "log")["w-twice"] == 1
+    assert len(results) == 2
+    assert results[0] == results[1]
+    assert results[0].success
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        pytest.param(lambda: Claim(Claim.mine(0).host, dead_pid(), time.time() + 600), id="dead"),
+        pytest.param(lambda: Claim.mine(-1.0), id="past-deadline"),
+    ],
+)
+def test_a_write_whose_first_run_is_gone_is_reported_interrupted_not_run_again(
+    catalogue: Catalogue, tmp_path: Path, claim: Any
+) -> None:
+    # Given a claim whose owner died, or whose deadline passed, before it reported back
+    stores = Stores.in_memory()
+    assert stores.guard.claim("w-gone", claim()) is None
+    pipeline = make_pipeline(catalogue, stores)
+    # When the request is delivered again
+    result = execute(
+        pipeline, body(WRITE, "w-gone", tmp_path / "log"), request_id="w-gone", redelivered=True
+    )
+    # Then nobody can know whether the write happened: it says so and does not run
+    assert not result.success
+    assert result.error is not None
+    assert result.error.error_type == "tool_execution_failure"
+    assert reason(result) == "write_interrupted"
+    assert (result.skill_name, result.tool_name) == (SKILL, WRITE)
+    assert runs(tmp_path / "log")["w-gone"] == 0
+
+
+def test_a_claim_of_another_host_is_trusted_until_its_deadline(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory()
+    stores.guard.claim("w-far", Claim("another-host", 1, time.time() + 0.3))
+    pipeline = make_pipeline(catalogue, stores)
+    started = time.monotonic()
+    result = execute(
+        pipeline, body(WRITE, "w-far", tmp_path / "log"), request_id="w-far", redelivered=True
+    )
+    assert time.monotonic() - started > 0.2  # waited for the deadline, then gave up
+    assert reason(result) == "write_interrupted"
+    assert runs(tmp_path / "log")["w-far"] == 0
+
+
+# --- poison messages ---------------------------------------------------------------
+
+
+def test_redeliveries_are_counted_and_end_as_poison_after_the_limit(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # Given a broker that marks redeliveries (Redis): a first delivery is not counted
+    stores = Stores.in_memory(marks_redeliveries=True)
+    pipeline = make_pipeline(catalogue, stores)
+    request = body(READ, "p-1", tmp_path / "log")
+    outcomes = [
+        execute(pipeline, request, request_id="p-1", redelivered=delivery > 1)
+        for delivery in range(1, MAX_ATTEMPTS + 3)
+    ]
+    # Then the first MAX_ATTEMPTS deliveries ran, and every later one is a poison failure
+    assert [r.success for r in outcomes] == [True] * MAX_ATTEMPTS + [False, False]
+    assert runs(tmp_path / "log")["p-1"] == MAX_ATTEMPTS
+    poison = outcomes[MAX_ATTEMPTS]
+    assert reason(poison) == "poison_message"
+    assert poison.error is not None
+    assert poison.error.details["attempts"] == MAX_ATTEMPTS
+    assert (poison.skill_name, poison.tool_name) == (SKILL, READ)
+    # And its dead letter is kept once, by the delivery that crossed the limit
+    assert stores.guard.dead_letters() == [
+        {"request_id": "p-1", "skill": SKILL, "tool": READ, "attempts": MAX_ATTEMPTS}
+    ]
+
+
+def test_a_first_delivery_costs_no_count_where_the_broker_marks_redeliveries(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory(marks_redeliveries=True)
+    pipeline = make_pipeline(catalogue, stores)
+    for key in ("a", "b", "c"):
+        execute(pipeline, body(READ, key, tmp_path / "log"), request_id=key, redelivered=False)
+    assert stores.guard.attempt("a") == 1  # nothing was counted before
+
+
+def test_without_marked_redeliveries_every_delivery_is_counted(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # The embedded transport marks nothing: each interactive delivery counts.
+    stores = Stores.in_memory(marks_redeliveries=False)
+    pipeline = make_pipeline(catalogue, stores)
+    request = body(READ, "p-2", tmp_path / "log")
+    outcomes = [
+        execute(pipeline, request, request_id="p-2", redelivered=False)
+        for _ in range(MAX_ATTEMPTS + 1)
+    ]
+    assert [r.success for r in outcomes] == [True] * MAX_ATTEMPTS + [False]
+    assert reason(outcomes[-1]) == "poison_message"
+    assert len(stores.guard.dead_letters()) == 1
+
+
+def test_a_message_without_a_request_id_runs_unguarded_and_is_observed(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory(marks_redeliveries=False)
+    seen: list[tuple[str, SkillResult]] = []
+    pipeline = make_pipeline(catalogue, stores, seen)
+    for _ in range(MAX_ATTEMPTS + 2):
+        result = execute(
+            pipeline, body(WRITE, "anon", tmp_path / "log"), request_id="", redelivered=True
+        )
+        assert result.success
+    assert runs(tmp_path / "log")["anon"] == MAX_ATTEMPTS + 2
+    assert [rid for rid, _ in seen] == [""] * (MAX_ATTEMPTS + 2)
+
+
+# --- chunks ------------------------------------------------------------------------
+
+
+def run_chunk(
+    pipeline: Pipeline, bodies: list[Any], *, chunk_id: str = "c-1", redelivered: bool = False
+) -> tuple[dict[str, int], list[list[Any]]]:
+    requeued: list[list[Any]] = []
+    report = execute_chunk(
+        pipeline, bodies, chunk_id=chunk_id, redelivered=redelivered, requeue=requeued.append
+    )
+    return report.as_dict(), requeued
+
+
+def stored(stores: Stores, ids: list[str]) -> list[SkillResult | None]:
+    return [
+        None if p is None else SkillResult.model_validate(p)
+        for p in stores.results.get_payloads(ids)
+    ]
+
+
+def test_a_chunk_stores_every_result_runs_an_id_once_and_skips_what_is_stored(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory()
+    seen: list[tuple[str, SkillResult]] = []
+    pipeline = make_pipeline(catalogue, stores, seen)
+    log = tmp_path / "log"
+    bodies = [body(READ, "k-1", log), body(READ, "k-2", log), body(READ, "k-1", log), "junk"]
+    report, requeued = run_chunk(pipeline, bodies)
+    assert report == {"invocations": 4, "ran": 2, "skipped": 2}
+    assert requeued == []
+    assert all(r is not None and r.success for r in stored(stores, ["k-1", "k-2"]))
+    assert [rid for rid, _ in seen] == ["k-1", "k-2"]
+    # Delivered again (a resumed batch): nothing runs twice
+    report, _ = run_chunk(pipeline, bodies, chunk_id="c-2")
+    assert report == {"invocations": 4, "ran": 0, "skipped": 4}
+    assert runs(log) == Counter({"k-1": 1, "k-2": 1})
+
+
+def test_a_chunk_requeues_what_its_time_slice_left(catalogue: Catalogue, tmp_path: Path) -> None:
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    # Each request sleeps past the slice: the first group of 32 runs, the rest goes back
+    bodies = [body(READ, f"s-{i:03d}", log, sleep_s=SLICE_S / 16) for i in range(40)]
+    report, requeued = run_chunk(pipeline, bodies)
+    assert report["ran"] == 32
+    assert requeued == [bodies[32:]]
+    assert all(r is not None for r in stored(stores, [b["request_id"] for b in bodies[:32]]))
+    assert stored(stores, [b["request_id"] for b in bodies[32:]]) == [None] * 8
+
+
+def test_a_fresh_chunk_does_not_count_its_items(catalogue: Catalogue, tmp_path: Path) -> None:
+    stores = Stores.in_memory(marks_redeliveries=True)
+    pipeline = make_pipeline(catalogue, stores)
+    run_chunk(pipeline, [body(READ, "f-1", tmp_path / "log")])
+    assert stores.guard.attempt("f-1") == 1
+
+
+@pytest.mark.parametrize("marks_redeliveries", [True, False])
+def test_a_chunk_that_came_back_counts_each_item_so_only_the_poison_one_ends(
+    catalogue: Catalogue, tmp_path: Path, marks_redeliveries: bool
+) -> None:
+    # Given a chunk holding an invocation that already killed its process often enough
+    stores = Stores.in_memory(marks_redeliveries=marks_redeliveries)
+    guard_store = stores.guard
+    assert isinstance(guard_store, MemoryGuardStore)
+    for _ in range(MAX_ATTEMPTS + 1):
+        guard_store.attempt("bad")
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    bodies = [body(READ, "good-1", log), body(READ, "bad", log), body(READ, "good-2", log)]
+    # When the chunk comes back (Redis marks it; the embedded broker counts the chunk)
+    if marks_redeliveries:
+        report, _ = run_chunk(pipeline, bodies, chunk_id="c-9", redelivered=True)
+    else:
+        run_chunk(pipeline, [], chunk_id="c-9")  # its first delivery (which died)
+        report, _ = run_chunk(pipeline, bodies, chunk_id="c-9")
+    # Then the poison one ends alone and the others run, each result stored
+    assert report == {"invocations": 3, "ran": 3, "skipped": 0}
+    good_1, bad, good_2 = stored(stores, ["good-1", "bad", "good-2"])
+    assert good_1 is not None
+    assert good_1.success
+    assert good_2 is not None
+    assert good_2.success
+    assert bad is not None
+    assert reason(bad) == "poison_message"
+    assert runs(log) == Counter({"good-1": 1, "good-2": 1})
+
+
+def test_a_careful_chunk_stores_each_result_before_the_next_runs(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory()
+    log = tmp_path / "log"
+    stored_when_run: list[list[SkillResult | None]] = []
+
+    def observe(rid: str, result: SkillResult) -> None:
+        stored_when_run.append(stored(stores, ["c-1", "c-2"]))
+
+    pipeline = Pipeline(catalogue, Guard(stores.guard), stores.results, observe=observe)
+    run_chunk(pipeline, [body(READ, "c-1", log), body(READ, "c-2", log)], redelivered=True)
+    # When the second ran, the first's result was already stored
+    assert stored_when_run[1][0] is not None
+
+
+def test_this_process_is_alive_for_its_own_claims() -> None:
+    assert Claim.mine(60).owner_alive()
+    assert Claim(Claim.mine(0).host, os.getpid(), time.time() + 60).running()
