@@ -6,6 +6,8 @@ The file and Redis stores are built the way workers and clients build them, by
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import time
 from collections import Counter
@@ -83,7 +85,8 @@ def refused_for_writes() -> SkillResult:
 
 
 def test_the_factory_chooses_redis_stores_beside_a_redis_backend(redis_url: str) -> None:
-    chosen = open_stores(Settings.from_env({}), celery_backend(redis_url))
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    chosen = open_stores(settings, celery_backend(redis_url))
     assert isinstance(chosen.guard, RedisGuardStore)
     assert isinstance(chosen.results, RedisResultStore)
     assert isinstance(chosen.ledger, RedisBatchLedger)
@@ -100,6 +103,21 @@ def test_the_factory_chooses_files_under_home_beside_any_other_backend(tmp_path:
     assert isinstance(chosen.metrics, NullMetricStore)
     chosen.guard.attempt("x")
     assert (tmp_path / "guard" / "attempts" / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("broker", "marks"),
+    [("", False), ("redis://h:6379/0", True), ("amqp://guest@h//", True), ("memory://", False)],
+)
+def test_whether_redeliveries_are_marked_is_the_brokers_to_say(
+    broker: str, marks: bool, redis_url: str, tmp_path: Path
+) -> None:
+    # The embedded file transport marks none, even with a Redis result backend.
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": broker})
+    assert open_stores(settings, celery_backend(redis_url)).guard.marks_redeliveries is marks
+    (tmp_path / "results").mkdir()
+    file_backend = celery_backend(f"file://{tmp_path / 'results'}")
+    assert open_stores(settings, file_backend).guard.marks_redeliveries is marks
 
 
 # --- guard store -------------------------------------------------------------------
@@ -282,3 +300,18 @@ def test_every_redis_store_rides_out_a_lost_connection(redis_url: str) -> None:
         metrics = RedisMetricStore(Flaky(real))
         metrics.add(MetricCounts(invocations=Counter({"k": 1})))
         assert RedisMetricStore(Flaky(real)).totals().invocations == {"k": 1}
+
+
+# --- public surface ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module_name", ["cleveragents.stores", "cleveragents.pipeline"])
+def test_the_package_exports_exactly_its_public_members(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    }
+    assert set(module.__all__) == public
+    assert len(module.__all__) == len(set(module.__all__))

@@ -30,6 +30,10 @@ from cleveragents.stores.redis import (
 
 __all__ = ["Stores", "open_stores"]
 
+#: Broker URL schemes whose kombu transport marks a redelivered message (Redis, AMQP).
+#: Elsewhere (the embedded file transport) the guard counts every delivery instead.
+MARKING_SCHEMES = frozenset({"redis", "rediss", "unix", "sentinel", "amqp", "amqps", "pyamqp"})
+
 
 @dataclass(frozen=True)
 class Stores:
@@ -57,19 +61,23 @@ def open_stores(settings: Settings, backend: Any) -> Stores:
     With the Redis result backend: keys in that Redis, through the backend's own
     client (one connection pool). With any other (the embedded default's file
     store): files under ``settings.home``, and results in the backend itself.
+    Whether redeliveries are marked is the broker's to say (``MARKING_SCHEMES``).
     """
     client = getattr(backend, "client", None)
     expires = int(getattr(backend, "expires", 0) or 0) or None
+    marks = (settings.broker_url or "").partition("://")[0].lower() in MARKING_SCHEMES
     if isinstance(client, redis.Redis):
         return Stores(
-            guard=RedisGuardStore(client, ttl_s=settings.result_expires_s),
+            guard=RedisGuardStore(
+                client, ttl_s=settings.result_expires_s, marks_redeliveries=marks
+            ),
             results=RedisResultStore(client, backend.get_key_for_task, expires),
             ledger=RedisBatchLedger(client, expires),
             metrics=RedisMetricStore(client),
         )
     home = settings.home.resolve()
     return Stores(
-        guard=FileGuardStore(home / "guard"),
+        guard=FileGuardStore(home / "guard", marks_redeliveries=marks),
         results=FileResultStore(backend),
         ledger=FileBatchLedger(home / "batches"),
         metrics=NullMetricStore(),

@@ -36,11 +36,11 @@ def _replace(path: Path, text: str) -> None:
 class FileGuardStore:
     """Guard records as files: a counter file per id, ``O_EXCL`` claims, a dead letter per id."""
 
-    #: The embedded file transport marks no redelivery: every delivery is counted.
-    marks_redeliveries = False
-
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, marks_redeliveries: bool = False) -> None:
         self.folder = folder
+        #: Whether the broker marks redeliveries (the embedded file transport does not:
+        #: then every delivery is counted).
+        self.marks_redeliveries = marks_redeliveries
 
     def _path(self, kind: str, request_id: str) -> Path:
         folder = self.folder / kind

@@ -39,12 +39,12 @@ def _text(value: Any) -> str:
 class RedisGuardStore:
     """Guard records as Redis keys: ``INCR`` counters, ``SET NX`` claims, a dead-letter list."""
 
-    #: kombu's Redis transport marks a restored message as redelivered.
-    marks_redeliveries = True
-
-    def __init__(self, client: Any, ttl_s: float) -> None:
+    def __init__(self, client: Any, ttl_s: float, *, marks_redeliveries: bool = True) -> None:
         self.client = client
         self.ttl = max(int(ttl_s), 60)
+        #: Whether the broker marks redeliveries: kombu's Redis transport marks a
+        #: restored message, AMQP a redelivered one; the embedded file transport none.
+        self.marks_redeliveries = marks_redeliveries
 
     def _key(self, kind: str, request_id: str) -> str:
         return f"{CLAIM_KEY_PREFIX}{kind}:{request_id}"
