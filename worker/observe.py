@@ -7,10 +7,10 @@ from cleveragents.metrics import MetricsRecorder
 from cleveragents.skills import SkillResult
 from cleveragents.stores import MetricStore
 
-__all__ = ["Observer"]
+__all__ = ["WorkerObserver"]
 
 
-class Observer:
+class WorkerObserver:
     """The pipeline's observer in a worker process: logs each invocation's line and counts it."""
 
     def __init__(self, metrics: MetricStore) -> None:

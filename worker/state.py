@@ -11,7 +11,7 @@ from cleveragents.pipeline import Pipeline
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import open_stores
-from worker.observe import Observer
+from worker.observe import WorkerObserver
 
 __all__ = ["WorkerState", "current", "pipeline"]
 
@@ -67,6 +67,6 @@ def pipeline(backend: Any) -> Pipeline:
                     stores,
                     read_only=state.settings.read_only,
                     default_timeout_s=state.settings.default_timeout_s,
-                    observe=Observer(stores.metrics),
+                    observe=WorkerObserver(stores.metrics),
                 )
     return _pipeline

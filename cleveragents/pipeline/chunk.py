@@ -68,6 +68,7 @@ class _Slice:
                 continue
             self.seen.add(rid)  # the same id twice in one chunk runs once
             result = self.pipeline.run_guarded(body, rid, redelivered=self.careful, chunk_item=True)
+            self.pipeline.observe(rid, result)
             self.pending.append((rid, result))
             self.ran += 1
             if self.careful:

@@ -61,13 +61,11 @@ class Pipeline:
     def run_guarded(
         self, body: Any, request_id: str, *, redelivered: bool, chunk_item: bool = False
     ) -> SkillResult:
-        """Run one delivery under the guard, then report it to the observer."""
+        """Run one delivery under the guard: counted, its write claimed, perhaps not run at all."""
         with self.guard.delivery(
             request_id, body, redelivered=redelivered, chunk_item=chunk_item
         ) as delivery:
-            result = delivery.settled or delivery.finish(self.run(body, delivery.claim))
-        self.observe(request_id, result)
-        return result
+            return delivery.settled or delivery.finish(self.run(body, delivery.claim))
 
 
 def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool) -> SkillResult:
@@ -78,7 +76,8 @@ def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool
     store its result under anyway.
     """
     if request_id:
-        return pipeline.run_guarded(body, request_id, redelivered=redelivered)
-    result = pipeline.run(body)
+        result = pipeline.run_guarded(body, request_id, redelivered=redelivered)
+    else:
+        result = pipeline.run(body)
     pipeline.observe(request_id, result)
     return result
