@@ -16,6 +16,7 @@ from celery.signals import (
     worker_ready,
 )
 
+from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
 from cleveragents.settings import Settings
 from worker import state
@@ -29,7 +30,13 @@ trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 def _load_in_parent(**_: Any) -> None:
     # Load (and log problems) once in the parent, before the pool forks: children
     # inherit the resolved catalogue.
-    state.current()
+    try:
+        state.current()
+    except ConfigurationError as exc:
+        # A bad setting (a CLEVERAGENTS_TOOL_KINDS module that cannot load) stops the
+        # worker at start, in one line; Celery would log it and serve failing tasks.
+        logging.getLogger("cleveragents.worker").critical("cannot start: %s", exc)
+        raise SystemExit(2) from None
 
 
 @worker_process_init.connect

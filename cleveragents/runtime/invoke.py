@@ -11,13 +11,12 @@ from pydantic import ValidationError
 
 from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import SchemaValidationError, ToolActivationError, ToolExecutionError
+from cleveragents.errors import SchemaValidationError, ToolExecutionError
 from cleveragents.outcomes import failed_result, failed_with, names_of
-from cleveragents.runtime.command_tool import run_command_tool
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
+from cleveragents.runtime.kinds import run_tool
 from cleveragents.runtime.output import ToolOutput
-from cleveragents.runtime.python_tool import run_python_tool
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.runtime.validation import validate
 from cleveragents.skills import (
@@ -123,35 +122,7 @@ def _check_changes(changes: Any) -> list[dict[str, Any]]:
 def _run(
     entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float
 ) -> tuple[Any, list[dict[str, Any]]]:
-    tool = entry.tool
-    if tool.source == "command":
-        outcome = run_command_tool(tool, arguments, timeout_s)
-        return outcome.data, _check_changes(outcome.resource_changes)
-    try:
-        value = run_python_tool(tool, arguments, timeout_s)
-    except ToolTimeout:
-        raise ToolExecutionError(
-            f"tool {tool.name!r} timed out after {timeout_s:g}s and was stopped",
-            details={"timeout_s": timeout_s, "reason": "timeout", "exception_type": "ToolTimeout"},
-        ) from None
-    except PermissionError:
-        raise
-    except SystemExit as exc:
-        raise ToolExecutionError(
-            f"tool {tool.name!r} called sys.exit({exc.code!r})",
-            details={
-                "exit_code": exc.code if isinstance(exc.code, int) else None,
-                "exception_type": type(exc).__name__,
-            },
-        ) from None
-    except (ToolActivationError, ToolExecutionError, SchemaValidationError):
-        raise
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # Exception, or e.g. asyncio.CancelledError: the tool's own
-        raise ToolExecutionError(
-            f"{type(exc).__name__}: {exc}", details={"exception_type": type(exc).__name__}
-        ) from exc
+    value = run_tool(entry.tool, arguments, timeout_s)
     if isinstance(value, ToolOutput):
         return value.data, _check_changes(value.resource_changes)
     return value, []
