@@ -60,6 +60,9 @@ class Settings:
     log_format: str
     visibility_timeout_s: float = 900.0
     result_expires_s: float = 7 * 24 * 3600.0
+    #: Whether broadcast commands that change a worker (shutdown, pool_restart,
+    #: add_consumer, ...) are obeyed; inspection and events always work.
+    remote_control: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +91,7 @@ class Settings:
             log_format=log_format,
             visibility_timeout_s=_positive_float(env, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S", 900.0),
             result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
+            remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
         )
 
     @property

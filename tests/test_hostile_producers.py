@@ -210,3 +210,58 @@ def test_inspect_shows_redacted_arguments_of_running_invocations(
     assert SECRET not in seen
     assert handle.result(timeout=60).success
     assert SECRET not in worker.log_text()
+
+
+def _queues_of(client: SkillClient) -> set[str]:
+    replies = client.app.control.inspect(timeout=5).active_queues() or {}
+    return {q["name"] for queues in replies.values() for q in queues}
+
+
+def test_broadcast_shutdown_and_add_consumer_are_refused_by_default(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    # Given a worker with default settings
+    worker = start_worker(redis_url)
+
+    # When anyone on the broker broadcasts shutdown and add_consumer
+    replies = client.app.control.broadcast("shutdown", reply=True, timeout=5)
+    client.app.control.add_consumer("skills.elsewhere", reply=True, timeout=5)
+    time.sleep(2)
+
+    # Then the worker says no, keeps running, consumes what it did, and still answers inspect
+    assert replies
+    assert all("disabled" in str(reply) for reply in replies)
+    assert worker.alive()
+    assert "skills.elsewhere" not in _queues_of(client)
+    assert client.submit("local/text-tools", "local/word-count", {"text": "x"}).result(
+        timeout=60
+    ).success
+
+
+def test_a_read_only_worker_never_consumes_a_write_queue_even_when_told_to(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, tmp_path: Path
+) -> None:
+    # Given a read-only worker that obeys remote control
+    start_worker(redis_url, read_only=True, CLEVERAGENTS_REMOTE_CONTROL="1")
+
+    # When it is told to consume the write queue, and a write is waiting there
+    client.app.control.add_consumer("skills.write", reply=True, timeout=5)
+    client.app.control.add_consumer("skills.extra", reply=True, timeout=5)
+    handle = client.submit("test/basic", "test/count-write", {"path": str(tmp_path / "w")},
+                           allow_writes=True)
+    time.sleep(2)
+
+    # Then it took another queue (remote control is on) but not the write queue
+    queues = _queues_of(client)
+    assert "skills.extra" in queues
+    assert "skills.write" not in queues
+    assert client.get(handle.request_id) is None
+    assert not (tmp_path / "w").exists()
+
+
+def test_remote_control_can_be_turned_on(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    worker = start_worker(redis_url, CLEVERAGENTS_REMOTE_CONTROL="1")
+    client.app.control.broadcast("shutdown")
+    wait_until(lambda: not worker.alive(), 30, "the worker to stop")

@@ -13,9 +13,11 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
+from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_WRITE
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
+from worker import state
 from worker.admission import (
     admission_problem,
     envelope_problem,
@@ -24,6 +26,9 @@ from worker.admission import (
 )
 
 __all__ = ["SkillConsumer"]
+
+#: Queues of invocations that may write: never consumed by a read-only worker.
+WRITE_QUEUES = frozenset({QUEUE_WRITE, QUEUE_BATCH_WRITE})
 
 log = logging.getLogger("cleveragents.worker")
 
@@ -36,9 +41,27 @@ def _task_id(message: Any) -> str | None:
 class SkillConsumer(Consumer):  # type: ignore[misc]
     """A consumer that answers a bad message with a ``validation_error`` result."""
 
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc,valid-type]
+        """Celery's consumer steps, with remote control guarded (worker/control.py)."""
+
+        default_steps = [
+            "worker.control:GuardedControl"
+            if step == "celery.worker.consumer.control:Control"
+            else step
+            for step in Consumer.Blueprint.default_steps
+        ]
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         refuse_compressed_bodies()  # at worker start, in the process that decodes messages
         super().__init__(*args, **kwargs)
+
+    def add_task_queue(self, queue: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Consume one more queue; a read-only worker never takes a write queue."""
+        name = getattr(queue, "name", queue)
+        if name in WRITE_QUEUES and state.current().settings.read_only:
+            log.warning("a read-only worker does not consume the write queue %r", name)
+            return None
+        return super().add_task_queue(queue, *args, **kwargs)
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's handler, behind checks that refuse bad messages undecoded.
