@@ -69,6 +69,9 @@ class Settings:
     result_expires_s: float = 7 * 24 * 3600.0
     #: Modules that register tool kinds, imported before the catalogue loads.
     tool_kinds: tuple[str, ...] = ()
+    #: Whether broadcast commands that change a worker (shutdown, pool_restart,
+    #: add_consumer, ...) are obeyed; inspection and events always work.
+    remote_control: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -98,6 +101,7 @@ class Settings:
             visibility_timeout_s=_positive_float(env, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S", 900.0),
             result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
             tool_kinds=tool_kind_modules(env),
+            remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
         )
 
     @property

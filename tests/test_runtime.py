@@ -265,7 +265,7 @@ def test_arguments_of_the_wrong_type_are_a_validation_error_naming_the_path() ->
 
     details = failed(result, SkillErrorType.VALIDATION_ERROR)
     assert result.error is not None
-    assert "arguments.text: 3 is not of type 'string'" in result.error.message
+    assert "arguments.text: an integer is not of type 'string'" in result.error.message
     assert details["schema"] == "tool input_schema"
 
 
