@@ -72,6 +72,8 @@ class Settings:
     #: Whether broadcast commands that change a worker (shutdown, pool_restart,
     #: add_consumer, ...) are obeyed; inspection and events always work.
     remote_control: bool = False
+    #: No invocation's timeout goes past this, whatever the request asks.
+    max_timeout_s: float = 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -102,6 +104,7 @@ class Settings:
             result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
             tool_kinds=tool_kind_modules(env),
             remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
+            max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
         )
 
     @property

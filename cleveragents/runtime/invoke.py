@@ -33,6 +33,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "BeforeWrite", "effective_timeout", "invoke", "p
 
 #: A tool's timeout when neither the tool nor the request sets one (CLEVERAGENTS_DEFAULT_TIMEOUT_S).
 DEFAULT_TIMEOUT_S = 300.0
+#: No invocation's timeout goes past this, whatever the request says (CLEVERAGENTS_MAX_TIMEOUT_S).
+MAX_TIMEOUT_S = 3600.0
 #: A hook called right before a write-capable, non-idempotent tool starts.
 BeforeWrite = Callable[[SkillInvocationRequest, ToolSpec, float], None]
 _ACTIONS = frozenset({"created", "changed", "deleted"})
@@ -100,11 +102,17 @@ def parse_request(
 
 
 def effective_timeout(
-    entry: ResolvedToolEntry, request: SkillInvocationRequest, default: float
+    entry: ResolvedToolEntry,
+    request: SkillInvocationRequest,
+    default: float,
+    maximum: float = MAX_TIMEOUT_S,
 ) -> float:
-    """The smaller of the tool's and the request's timeouts, where given, else ``default``."""
+    """The smaller of the tool's and the request's timeouts, where given, else ``default``.
+
+    Never more than ``maximum``: a producer does not set the worker's clock.
+    """
     given = [t for t in (entry.tool.timeout_s, request.timeout_s) if t is not None]
-    return min(given) if given else default
+    return min(min(given) if given else default, maximum)
 
 
 def _check_changes(changes: Any) -> list[dict[str, Any]]:
@@ -155,6 +163,7 @@ def _execute(
     *,
     read_only: bool,
     default_timeout_s: float,
+    max_timeout_s: float,
     before_write: BeforeWrite | None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     tool = entry.tool
@@ -163,7 +172,7 @@ def _execute(
     validate(
         definition.input_schema, request.arguments, root="arguments", source="skill input_schema"
     )
-    timeout_s = effective_timeout(entry, request, default_timeout_s)
+    timeout_s = effective_timeout(entry, request, default_timeout_s, max_timeout_s)
     if before_write is not None and tool.write_capable and not tool.idempotent:
         before_write(request, tool, timeout_s)
     data, changes = _run(entry, request.arguments, timeout_s)
@@ -181,13 +190,15 @@ def invoke(
     *,
     read_only: bool = False,
     default_timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_timeout_s: float = MAX_TIMEOUT_S,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     before_write: BeforeWrite | None = None,
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
 
     Order: resolve the skill, find the tool, apply the write gates, validate the
-    arguments, run the tool (stopped at its timeout), validate the output.
+    arguments, run the tool (stopped at its timeout, never more than ``max_timeout_s``),
+    validate the output.
     ``before_write(request, tool, timeout_s)`` is called right before a
     write-capable tool that is not idempotent starts; what it raises becomes the
     result, and the tool does not start (the worker's at-most-once claim).
@@ -208,6 +219,7 @@ def invoke(
             parsed,
             read_only=read_only,
             default_timeout_s=default_timeout_s,
+            max_timeout_s=max_timeout_s,
             before_write=before_write,
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
