@@ -8,6 +8,7 @@ import sys
 import click
 
 from cleveragents.embedded.runner import worker_command
+from cleveragents.settings import Settings
 
 __all__ = ["worker"]
 
@@ -32,6 +33,7 @@ def worker(celery_options: tuple[str, ...]) -> None:
             os.environ["CLEVERAGENTS_LOG_FORMAT"] = option.split("=", 1)[1]
             del options[i]
             break
+    Settings.from_env()  # a bad setting: one line and exit 2 here, not a failed start later
     command = worker_command(*options)
     sys.stdout.flush()
     os.execv(command[0], command)
