@@ -37,8 +37,8 @@ def _start_worker(**_: Any) -> None:
     # an exception of a signal handler: a worker that cannot run exits instead.
     try:
         settings = Settings.from_env()
-        create_folders(settings)  # the embedded broker's and the file result store's
         _start_notes.extend(patches.apply_all())
+        create_folders(settings)  # the embedded broker's and the file result store's
     except ConfigurationError as exc:
         raise SystemExit(f"error: {exc}") from None
     # Load (and log problems) once in the parent: children inherit the resolved catalogue.
