@@ -32,8 +32,9 @@ def from_env() -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    # Called only for names this module does not define: Celery's settings.
-    settings = from_env()
+    # Called only for names this module does not define: Celery's settings. Dunder
+    # look-ups (importlib's __path__, inspect's __wrapped__, ...) read nothing.
+    settings = {} if name.startswith("__") else from_env()
     if name in settings:
         return settings[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
