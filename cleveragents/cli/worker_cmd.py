@@ -8,6 +8,7 @@ import sys
 import click
 
 from cleveragents.embedded.runner import worker_command
+from cleveragents.settings import Settings
 
 __all__ = ["worker"]
 
@@ -33,6 +34,7 @@ def worker(celery_options: tuple[str, ...]) -> None:
             os.environ["CLEVERAGENTS_LOG_FORMAT"] = option.split("=", 1)[1]
             del options[i]
             break
+    Settings.from_env()  # a bad setting: one line and exit 2 here, not a failed start later
     if not any(o in ("-l", "--loglevel") or o.startswith("--loglevel=") for o in options):
         # Celery's default (WARNING) hides the one line per invocation (docs/operations.md).
         options = ["--loglevel", "INFO", *options]
