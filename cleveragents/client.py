@@ -16,8 +16,8 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-import celeryconfig
 from cleveragents.batch.ledger import BatchLedger
+from cleveragents.celery_settings import celery_settings
 from cleveragents.constants import (
     QUEUE_BATCH,
     QUEUE_BATCH_WRITE,
@@ -27,6 +27,7 @@ from cleveragents.constants import (
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
+from cleveragents.embedded.folders import create_folders
 from cleveragents.results import ResultStore
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
@@ -66,7 +67,11 @@ class InvocationHandle:
 
 
 class SkillClient:
-    """Submit skill invocations to the workers and collect their results."""
+    """Submit skill invocations to the workers and collect their results.
+
+    Raises:
+        ConfigurationError: on construction, when a setting in the environment is invalid.
+    """
 
     def __init__(
         self,
@@ -85,8 +90,9 @@ class SkillClient:
                 else base.result_backend,
             )
         self.settings = base
+        create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
-        self.app.conf.update(celeryconfig.settings_for(base))
+        self.app.conf.update(celery_settings(base))
 
     def close(self) -> None:
         """Release broker and backend connections."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from cleveragents.errors import ConfigurationError
 
-__all__ = ["Settings", "bundled_examples_path"]
+__all__ = ["Settings", "bundled_examples_path", "tool_kind_modules"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -47,6 +48,12 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def tool_kind_modules(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """CLEVERAGENTS_TOOL_KINDS: module names separated by ``os.pathsep`` or commas."""
+    raw = (os.environ if env is None else env).get("CLEVERAGENTS_TOOL_KINDS") or ""
+    return tuple(p.strip() for p in re.split(f"[{re.escape(os.pathsep)},]", raw) if p.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting the library reads from the environment."""
@@ -60,6 +67,13 @@ class Settings:
     log_format: str
     visibility_timeout_s: float = 900.0
     result_expires_s: float = 7 * 24 * 3600.0
+    #: Modules that register tool kinds, imported before the catalogue loads.
+    tool_kinds: tuple[str, ...] = ()
+    #: Whether broadcast commands that change a worker (shutdown, pool_restart,
+    #: add_consumer, ...) are obeyed; inspection and events always work.
+    remote_control: bool = False
+    #: No invocation's timeout goes past this, whatever the request asks.
+    max_timeout_s: float = 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +102,9 @@ class Settings:
             log_format=log_format,
             visibility_timeout_s=_positive_float(env, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S", 900.0),
             result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
+            tool_kinds=tool_kind_modules(env),
+            remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
+            max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
         )
 
     @property
