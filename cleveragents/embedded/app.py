@@ -4,6 +4,10 @@ The last command to leave stops the local worker. A command killed outright
 (SIGKILL, a closed terminal) never leaves, so the worker watches for itself:
 once no command holds the home's users lock it stops as the last command
 would, and nothing is left behind.
+
+Importing this module does nothing: ``celery -A cleveragents.embedded.app``
+asks it for ``app``, and only then is the worker's app loaded and the watch
+connected.
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ import threading
 import time
 from typing import Any
 
+from celery import Celery
 from celery.signals import worker_ready
 
+from cleveragents.embedded.folders import EmbeddedFolders
 from cleveragents.embedded.inflight import held_by
+from cleveragents.embedded.runner import LOCAL_WORKER_ENV
 from cleveragents.embedded.share import HomeShare
 from cleveragents.settings import Settings
-from worker import app
 
-__all__ = ["app"]
+#: A program's module, not an API: Celery asks it for ``app`` (see ``__getattr__``).
+__all__: list[str] = []
 
 #: How often a local worker checks that some command still uses it.
 WATCH_S = 1.0
@@ -52,13 +59,20 @@ def _watch(share: HomeShare, queue_folder: str, pid: int) -> None:
                 return
 
 
-@worker_ready.connect
 def _start_watch(**_: Any) -> None:
     pid = os.getpid()
     # Only a local worker started by the runner, the leader of its own process group.
-    if os.environ.get("CLEVERAGENTS_LOCAL_WORKER") != "1" or os.getpgid(0) != pid:
+    if os.environ.get(LOCAL_WORKER_ENV) != "1" or os.getpgid(0) != pid:
         return
-    share = HomeShare(Settings.from_env().home)
-    queue_folder = str(app.conf.broker_transport_options["data_folder_in"])
-    args = (share, queue_folder, pid)
+    home = Settings.from_env().home
+    args = (HomeShare(home), str(EmbeddedFolders.under(home).queue), pid)
     threading.Thread(target=_watch, args=args, name="users-watch", daemon=True).start()
+
+
+def __getattr__(name: str) -> Celery:
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from worker import app
+
+    worker_ready.connect(_start_watch, dispatch_uid="cleveragents-local-worker-watch")
+    return app

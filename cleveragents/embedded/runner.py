@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import IO
 
+from cleveragents.embedded.folders import EmbeddedFolders
 from cleveragents.embedded.inflight import held_by, restore_orphans
 from cleveragents.embedded.share import (
     HomeShare,
@@ -56,10 +57,7 @@ def worker_command(*extra: str, app: str = "worker") -> list[str]:
 
 
 def _queue_folder(settings: Settings) -> str:
-    import celeryconfig
-
-    options = celeryconfig.settings_for(settings)["broker_transport_options"]
-    return str(options["data_folder_in"])
+    return str(EmbeddedFolders.under(settings.home).queue)
 
 
 def _wait_until(done: Callable[[], bool], timeout: float) -> bool:
