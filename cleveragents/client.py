@@ -32,6 +32,7 @@ from cleveragents.results import ResultStore
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
+from cleveragents.signing import register_signing
 from cleveragents.skills import SkillResult
 from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
 
@@ -69,8 +70,12 @@ class InvocationHandle:
 class SkillClient:
     """Submit skill invocations to the workers and collect their results.
 
+    With message signing configured (``CLEVERAGENTS_SIGNING_*``, docs/security.md)
+    every message it sends is signed with its key.
+
     Raises:
-        ConfigurationError: on construction, when a setting in the environment is invalid.
+        ConfigurationError: on construction, when a setting in the environment is
+            invalid, or the signing key, certificate or store do not load.
     """
 
     def __init__(
@@ -90,6 +95,8 @@ class SkillClient:
                 else base.result_backend,
             )
         self.settings = base
+        if base.signing is not None:  # before anything is created: a bad key is one error
+            register_signing(base.signing)
         create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
         self.app.conf.update(celery_settings(base))
