@@ -44,7 +44,7 @@ ACCEPTED_TASKS = frozenset({TASK_INVOKE, TASK_INVOKE_CHUNK})
 _DROPPED_HEADERS = ("timelimit", "soft_time_limit", "time_limit", "expires", "eta",
                     "countdown", "shadow", "stamps", "stamped_headers")
 #: The options part of an admitted body: no linked tasks, chains or chords.
-_NO_LINKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+NO_LINKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 class CompressedMessageRefused(ValueError):
@@ -161,4 +161,4 @@ def sanitise(message: Any) -> None:
         headers.pop(name, None)
     headers["retries"] = 0
     body = message.payload  # the cached list Celery reads again: changed in place
-    body[2] = dict(_NO_LINKS)
+    body[2] = dict(NO_LINKS)
