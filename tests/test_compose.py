@@ -3,10 +3,13 @@
 docker-compose.yml is validated against the Compose Specification schema and read
 the way Compose reads it: ``${VARIABLES}`` filled in from .env.example, which must
 define every one of them. Its structure is checked for what the deployment promises
-(persistent, password-protected Redis; scalable, health-checked workers; Flower
-behind basic auth) and for least privilege (no env_file: each service gets only the
-variables it needs, and no password is on a command line of this project's image).
-The commands the services run are checked in test_compose_commands.py, the
+(persistent Redis with a user per role and no default user; scalable, health-checked
+workers; Flower behind basic auth with no default login), for least privilege (no
+env_file: each service gets only the variables it needs, each password reaches only
+Redis and the service of its role, and no password is on any command line), and for
+the workers' hardening (no capabilities, no-new-privileges, read-only root with tmpfs
+scratch space, memory and process limits). The commands the services run are checked
+in test_compose_commands.py, each Redis user's rights in test_redis_acl.py, the
 Dockerfile in test_dockerfile.py.
 """
 

@@ -300,6 +300,10 @@ def test_flower_like_client_follows_events_and_inspects_workers_as_its_own_user(
     assert queues >= {"skills.read", "skills.write"}
     # The task's result (Flower's task API), and the queue lengths (its Broker page)
     assert AsyncResult(handle.request_id, app=app).state == "SUCCESS"
+    waited: dict[str, Any] = AsyncResult(handle.request_id, app=app).get(
+        timeout=10, propagate=False
+    )
+    assert waited["success"] is True
     flower = redis.Redis.from_url(acl_redis.service_url("flower"))
     with flower.pipeline() as pipe:  # as Flower reads them: one MULTI/EXEC
         pipe.llen("skills.read")
@@ -341,6 +345,16 @@ def test_a_readonly_worker_puts_back_a_dead_workers_write_which_a_worker_then_ru
         assert result.success, (result.error, server.denials())
         assert marks.read_text(encoding="utf-8") == "k\n"  # the first run never finished
         assert server.denials() == []
+
+
+def test_flower_cannot_enqueue_a_task(acl_redis: RedisWithUsers) -> None:
+    # What Flower's task API (apply, async-apply, send-task) would do: refused, at once.
+    app = _app(acl_redis, "flower")
+    with pytest.raises(OperationalError, match="no permissions"):
+        app.send_task("skills.invoke", args=[{}], queue="skills.read")
+    app.close()
+    assert acl_redis.admin().llen("skills.read") == 0
+    assert {entry["username"] for entry in acl_redis.denials()} == {"flower"}
 
 
 # ---- every Redis path of the library, as the role that takes it ---------------------------------
