@@ -265,3 +265,19 @@ def test_remote_control_can_be_turned_on(
     worker = start_worker(redis_url, CLEVERAGENTS_REMOTE_CONTROL="1")
     client.app.control.broadcast("shutdown")
     wait_until(lambda: not worker.alive(), 30, "the worker to stop")
+
+
+def test_a_requests_timeout_never_goes_past_the_workers_maximum(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    # Given a worker whose maximum is 1 s, and a request asking for a billion seconds
+    start_worker(redis_url, CLEVERAGENTS_MAX_TIMEOUT_S="1")
+    started = time.monotonic()
+    handle = client.submit("test/hostile", "test/sleep-with", {"seconds": 20}, timeout_s=1e9)
+
+    # Then the tool is stopped at the worker's maximum
+    result = handle.result(timeout=60)
+    assert result.error is not None
+    assert result.error.details.get("reason") == "timeout"
+    assert result.error.details.get("timeout_s") == 1
+    assert time.monotonic() - started < 15

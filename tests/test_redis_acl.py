@@ -30,7 +30,7 @@ from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
-import celeryconfig
+from cleveragents.celery_settings import celery_settings
 from cleveragents.client import SkillClient
 from cleveragents.guard import Claim, Guard
 from cleveragents.metrics import MetricsRecorder, render
@@ -167,7 +167,7 @@ def _app(server: RedisWithUsers, service: str) -> Celery:
     """
     app = Celery(f"as-{service}", set_as_current=False)
     settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": server.service_url(service)})
-    app.conf.update(celeryconfig.settings_for(settings))
+    app.conf.update(celery_settings(settings))
     return app
 
 
