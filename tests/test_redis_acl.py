@@ -323,13 +323,14 @@ def test_a_readonly_worker_puts_back_a_dead_workers_write_which_a_worker_then_ru
     server = RedisWithUsers().start()
     with ExitStack() as stack:
         stack.callback(server.stop)
-        fast = {"CLEVERAGENTS_VISIBILITY_TIMEOUT_S": "4"}
+        # Past this, an unacknowledged message is put back: well beyond the 2 s run below.
+        fast = {"CLEVERAGENTS_VISIBILITY_TIMEOUT_S": "6"}
         client = stack.enter_context(_client(server, tmp_path))
         # Given a worker that dies while it runs an invocation from the write queue
         first = stack.enter_context(compose_worker(server, "worker", tmp_path / "w1", **fast))
         admin = server.admin()
         marks = tmp_path / "tally"
-        args = {"path": str(marks), "key": "k", "sleep_s": 3}
+        args = {"path": str(marks), "key": "k", "sleep_s": 2}
         handle = client.submit("test/batch", "test/tally", args, allow_writes=True)
         wait_until(lambda: admin.hlen("unacked") == 1, 30, "the first worker to take it")
         kill_group(first, signal.SIGKILL)
