@@ -1,13 +1,18 @@
-"""The public names of ``cleveragents.skills`` and its protocol module (SPEC sections 3-4)."""
+"""The public surface: every public package's ``__all__``, and the names SPEC pins (httpx-style)."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
 from enum import StrEnum
 
 import pytest
 from pydantic import BaseModel
 
+import cleveragents
 import cleveragents.skills
 import cleveragents.skills.protocol
 
@@ -66,3 +71,70 @@ def test_the_model_types_are_frozen_pydantic_models() -> None:
 def test_skill_error_type_is_a_str_enum_and_map_tool_error_is_callable() -> None:
     assert issubclass(cleveragents.skills.SkillErrorType, StrEnum)
     assert callable(cleveragents.skills.map_tool_error)
+
+
+#: What users import from the top-level package.
+TOP_LEVEL_NAMES = {
+    "__version__",
+    "SkillClient",
+    "InvocationHandle",
+    "SkillInvocationRequest",
+    "ToolOutput",
+    "invoke",
+    "Catalogue",
+    "SkillDefinition",
+    "SkillError",
+    "SkillErrorType",
+    "SkillMetadata",
+    "SkillResult",
+    "ToolSpec",
+    "CleverAgentsError",
+    "ConfigurationError",
+    "IncludeCycleError",
+    "ReadOnlyViolation",
+    "ResolutionFailure",
+    "SchemaValidationError",
+    "SkillNotFoundError",
+    "SkillResolutionError",
+    "ToolActivationError",
+    "ToolExecutionError",
+    "WriteRefused",
+}
+
+
+def _public_packages() -> list[str]:
+    names = ["cleveragents"]
+    for info in pkgutil.walk_packages(cleveragents.__path__, "cleveragents."):
+        if info.ispkg and not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return names
+
+
+def test_the_top_level_package_exports_what_users_import() -> None:
+    assert set(cleveragents.__all__) == TOP_LEVEL_NAMES
+    assert cleveragents.SkillResult is cleveragents.skills.SkillResult
+    assert cleveragents.invoke is importlib.import_module("cleveragents.runtime").invoke
+
+
+def test_importing_the_top_level_package_loads_no_celery() -> None:
+    code = "import sys, cleveragents; print('celery' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("package", _public_packages())
+def test_every_public_package_declares_what_it_exports(package: str) -> None:
+    module = importlib.import_module(package)
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{package} has no __all__"
+    assert len(exported) == len(set(exported)), f"duplicates in {package}.__all__"
+    for name in exported:
+        assert getattr(module, name, None) is not None, f"{package}.{name} is missing"
+    # Every public class or function defined in (or re-exported by) the package is declared.
+    for name, value in vars(module).items():
+        if name.startswith("_") or inspect.ismodule(value):
+            continue
+        if (inspect.isclass(value) or inspect.isfunction(value)) and getattr(
+            value, "__module__", ""
+        ).startswith("cleveragents"):
+            assert name in exported, f"{package}.{name} is public but not in __all__"

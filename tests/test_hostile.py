@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,26 @@ bodies = st.one_of(
     st.text(max_size=30).map(lambda t: ("text/plain", t.encode())),
 )
 
+#: What else an attacker's headers may say: another task, compression, the worker's clock.
+extra_headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "task": st.sampled_from(
+            [TASK_INVOKE, "celery.accumulate", "celery.starmap", "celery.map", "x.y"]
+        ),
+        "compression": st.sampled_from(["application/x-gzip", "zlib", "bzip2", "nonsense"]),
+        "timelimit": st.tuples(st.integers(-1, 5), st.integers(-1, 5)).map(list),
+        "eta": st.sampled_from(["2999-01-01T00:00:00+00:00", "not a date", 5]),
+        "expires": st.sampled_from(["2000-01-01T00:00:00+00:00", "soon", 1.5]),
+        "retries": json_values,
+        "shadow": st.text(max_size=10),
+    },
+)
+
+
+def _accepted(headers: dict[str, Any]) -> bool:
+    return headers["task"] == TASK_INVOKE and "compression" not in headers
+
 
 @pytest.fixture
 def fuzz_target(redis_url: str, start_worker: StartWorker) -> tuple[str, Worker]:
@@ -79,16 +100,19 @@ def test_fuzzed_messages_never_stop_a_worker_and_decodable_requests_get_results(
     fuzz_target: tuple[str, Worker], client: SkillClient
 ) -> None:
     url, worker = fuzz_target
-    sent: list[tuple[str, str, bytes]] = []
+    sent: list[tuple[str, str, bytes, dict[str, Any]]] = []
 
     @settings(max_examples=120, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(st.lists(bodies, min_size=1, max_size=3))
-    def publish_some(messages: list[tuple[str, bytes]]) -> None:
-        for content_type, body in messages:
+    @given(st.lists(st.tuples(bodies, extra_headers), min_size=1, max_size=3))
+    def publish_some(messages: list[tuple[tuple[str, bytes], dict[str, Any]]]) -> None:
+        for (content_type, body), extra in messages:
             task_id = f"fuzz-{uuid.uuid4()}"
-            _publish(url, body, content_type, _headers(task_id))
-            sent.append((task_id, content_type, body))
+            headers = {**_headers(task_id), **extra}
+            if "compression" in headers and headers["compression"] == "application/x-gzip":
+                body = zlib.compress(body)
+            _publish(url, body, content_type, headers)
+            sent.append((task_id, content_type, body, headers))
 
     publish_some()
     # The worker still serves: a good request after all the junk gets its result.
@@ -99,13 +123,14 @@ def test_fuzzed_messages_never_stop_a_worker_and_decodable_requests_get_results(
         pytest.fail(f"the worker stopped serving; log tail:\n{worker.log_text()[-4000:]}")
     assert worker.alive()
     # Every message got a SkillResult under its id: a decodable request its outcome, the rest
-    # a validation_error (pickle and other content types are refused undecoded).
-    for task_id, content_type, body in sent:
+    # a validation_error (pickle and other content types are refused undecoded, and so are
+    # other task names and compressed bodies).
+    for task_id, content_type, body, headers in sent:
         try:
             result = client.wait(task_id, timeout=30)
         except TimeoutError:
             pytest.fail(f"no result for {content_type} {body!r}; log:\n{worker.log_text()[-3000:]}")
-        if content_type != "application/json":
+        if content_type != "application/json" or not _accepted(headers):
             assert result.error is not None
             assert result.error.error_type == SkillErrorType.VALIDATION_ERROR
         try:

@@ -130,7 +130,7 @@ def test_the_exporter_serves_metrics_over_http(redis_url: str) -> None:
         def up() -> bool:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    return r.status == 200
+                    return bool(r.status == 200)
             except OSError:
                 return False
 

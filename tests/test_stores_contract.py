@@ -134,6 +134,8 @@ def test_a_write_claim_is_taken_once_and_read_back(stores: Stores) -> None:
     assert stores.guard.claim("w/1", mine) is None
     other = Claim("elsewhere", 1, time.time() + 60)
     assert stores.guard.claim("w/1", other) == mine
+    assert stores.guard.claim("w/1", Claim.mine(60)) == mine  # another of this process
+    assert stores.guard.claim("w/1", mine) is None  # the same claim again: a retry
     assert stores.guard.read_claim("w/1") == mine
     assert stores.guard.read_claim("w/2") is None
 
@@ -149,10 +151,9 @@ def test_finishing_a_write_records_its_result_in_the_claim(stores: Stores) -> No
     assert stores.guard.claim("w", Claim.mine(60)) == claim
 
 
-def test_dead_letters_are_kept_newest_first_and_a_repeated_one_once(stores: Stores) -> None:
+def test_dead_letters_are_kept_newest_first(stores: Stores) -> None:
     stores.guard.dead_letter("p-1", {"skill": "s", "tool": "t", "attempts": 3})
     time.sleep(0.01)  # file dead letters are ordered by modification time
-    stores.guard.dead_letter("p-2", {"skill": "s", "tool": "u", "attempts": 3})
     stores.guard.dead_letter("p-2", {"skill": "s", "tool": "u", "attempts": 3})
     letters = stores.guard.dead_letters()
     assert [letter["request_id"] for letter in letters] == ["p-2", "p-1"]

@@ -13,18 +13,27 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from cleveragents.constants import MAX_MESSAGE_BYTES
+from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_WRITE
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
+from cleveragents.signing import SIGNED_CONTENT_TYPE, SIGNED_SERIALIZER
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
+from worker import state
+from worker.admission import (
+    ACCEPTED_CONTENT_TYPE,
+    admission_problem,
+    envelope_problem,
+    refuse_compressed_bodies,
+    sanitise,
+    signed_id_problem,
+)
 
 __all__ = ["SkillConsumer"]
 
+#: Queues of invocations that may write: never consumed by a read-only worker.
+WRITE_QUEUES = frozenset({QUEUE_WRITE, QUEUE_BATCH_WRITE})
+
 log = logging.getLogger("cleveragents.worker")
-
-#: The only content type a worker decodes.
-ACCEPTED_CONTENT_TYPE = "application/json"
-
 
 def _task_id(message: Any) -> str | None:
     headers = getattr(message, "headers", None) or {}
@@ -32,36 +41,43 @@ def _task_id(message: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _envelope_problem(message: Any) -> str | None:
-    """Why the message is not a Celery protocol-2 task message, or None when it is one.
-
-    Celery unpacks the body as ``(args, kwargs, embed)`` without checking it, and a
-    body of another shape (a JSON string of three characters, say) fails later, in
-    the pool's callbacks, leaving no result.
-    """
-    headers = getattr(message, "headers", None)
-    if not isinstance(headers, dict) or not isinstance(headers.get("task"), str):
-        return "the headers name no task"
-    if not isinstance(headers.get("id"), str):
-        return "the headers carry no task id"
-    body = message.payload  # decoded once; kombu caches it for Celery
-    if not (isinstance(body, list | tuple) and len(body) == 3):
-        return "the body is not [args, kwargs, options]"
-    args, kwargs, embed = body
-    if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):
-        return "the body's args or kwargs have the wrong type"
-    if embed is not None and not isinstance(embed, dict):
-        return "the body's options are not an object"
-    return None
-
-
 class SkillConsumer(Consumer):  # type: ignore[misc]
     """A consumer that answers a bad message with a ``validation_error`` result."""
+
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc,valid-type]
+        """Celery's consumer steps, with remote control guarded (worker/control.py)."""
+
+        default_steps = [
+            "worker.control:GuardedControl"
+            if step == "celery.worker.consumer.control:Control"
+            else step
+            for step in Consumer.Blueprint.default_steps
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        refuse_compressed_bodies()  # at worker start, in the process that decodes messages
+        super().__init__(*args, **kwargs)
+        # With message signing on, signed messages are the only ones admitted.
+        self.signed_only = self.app.conf.task_serializer == SIGNED_SERIALIZER
+        self.admitted_content_type = (
+            SIGNED_CONTENT_TYPE if self.signed_only else ACCEPTED_CONTENT_TYPE
+        )
+
+    def add_task_queue(self, queue: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Consume one more queue; a read-only worker never takes a write queue."""
+        name = getattr(queue, "name", queue)
+        if name in WRITE_QUEUES and state.current().settings.read_only:
+            log.warning("a read-only worker does not consume the write queue %r", name)
+            return None
+        return super().add_task_queue(queue, *args, **kwargs)
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's handler, behind checks that refuse bad messages undecoded.
 
-        Too large, or not JSON: answered with a ``validation_error`` and acked.
+        Too large, compressed, not JSON (or with signing on, not signed JSON, or
+        signed by no certificate of the store), or not one of our tasks
+        (worker/admission.py): answered with a ``validation_error`` and acked, the
+        body never logged.
         kombu passes "raw" content types (``text/plain``, ...) through undecoded and
         Celery then fails on them outside its own error handling, stopping the
         consumer; any other error of a malformed envelope is contained the same way.
@@ -73,20 +89,16 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
             message.ack()
 
         def on_task_received(message: Any) -> Any:
-            body = getattr(message, "body", None)
-            size = len(body) if isinstance(body, bytes | str) else 0
-            if size > MAX_MESSAGE_BYTES:
-                return refuse(
-                    message,
-                    f"the message is {size} bytes, more than the limit of {MAX_MESSAGE_BYTES}",
-                )
-            content_type = getattr(message, "content_type", None)
-            if content_type != ACCEPTED_CONTENT_TYPE:
-                return refuse(message, f"content type {content_type!r} is not accepted (JSON only)")
+            problem = admission_problem(message, self.admitted_content_type)
+            if problem is not None:
+                return refuse(message, problem)
             try:
-                problem = _envelope_problem(message)
+                problem = envelope_problem(message)
+                if problem is None and self.signed_only:
+                    problem = signed_id_problem(message)
                 if problem is not None:
                     return refuse(message, problem)
+                sanitise(message)
                 return handler(message)
             except self.connection_errors:  # type: ignore[attr-defined]
                 raise
@@ -114,13 +126,18 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
         )
         failure = SkillInvocationFailed(failure_summary(result), result_payload(result, task_id))
         try:
+            if self.app.backend.get_task_meta(task_id).get("status") in ("SUCCESS", "FAILURE"):
+                return  # a stored result is never overwritten by a later message
             self.app.backend.mark_as_failure(task_id, failure, store_result=True)
         except Exception as exc:  # the message is dropped either way; say why it has no result
             log.error("could not store the result of rejected message %s: %s", task_id, exc)
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        """A body that does not decode (not JSON): answer it, ack it, never log the body."""
-        self._answer(message, f"the body cannot be decoded ({type(exc).__name__})")
+        """A body that does not decode (not JSON, compressed): answer it, ack it, never log it."""
+        why = admission_problem(message, self.admitted_content_type) or (
+            f"the body cannot be decoded ({type(exc).__name__})"
+        )
+        self._answer(message, why)
         message.ack()
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cleveragents.pipeline import Pipeline
+from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import open_stores
@@ -30,8 +31,13 @@ class WorkerState:
 
 
 def load() -> WorkerState:
-    """Load the catalogue from the settings' paths; log every problem, serve the rest."""
+    """Load the catalogue from the settings' paths; log every problem, serve the rest.
+
+    Raises:
+        ConfigurationError: a module of CLEVERAGENTS_TOOL_KINDS cannot be loaded.
+    """
     settings = Settings.from_env()
+    load_tool_kinds(settings.tool_kinds)  # before the catalogue: its files may use them
     catalogue = Catalogue.from_paths(*settings.catalogue_paths)
     for problem in catalogue.errors:
         log.error("catalogue problem: %s", problem)
@@ -67,6 +73,7 @@ def pipeline(backend: Any) -> Pipeline:
                     stores,
                     read_only=state.settings.read_only,
                     default_timeout_s=state.settings.default_timeout_s,
+                    max_timeout_s=state.settings.max_timeout_s,
                     observe=WorkerObserver(stores.metrics),
                 )
     return _pipeline

@@ -9,7 +9,7 @@ from typing import Any
 from cleveragents.guard import Guard
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
-from cleveragents.runtime.invoke import BeforeWrite
+from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.stores import ResultStore, Stores
 
@@ -32,6 +32,7 @@ class Pipeline:
     results: ResultStore
     read_only: bool = False
     default_timeout_s: float = DEFAULT_TIMEOUT_S
+    max_timeout_s: float = MAX_TIMEOUT_S
     observe: Observer = field(default=_unobserved)
 
     @classmethod
@@ -42,11 +43,19 @@ class Pipeline:
         *,
         read_only: bool = False,
         default_timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_timeout_s: float = MAX_TIMEOUT_S,
         observe: Observer = _unobserved,
     ) -> Pipeline:
         """A pipeline whose guard and results live in ``stores``."""
-        guard = Guard(stores.guard)
-        return cls(catalogue, guard, stores.results, read_only, default_timeout_s, observe)
+        return cls(
+            catalogue,
+            Guard(stores.guard),
+            stores.results,
+            read_only=read_only,
+            default_timeout_s=default_timeout_s,
+            max_timeout_s=max_timeout_s,
+            observe=observe,
+        )
 
     def run(self, body: Any, before_write: BeforeWrite | None = None) -> SkillResult:
         """Run one decoded request body through the runtime with this process's policy."""
@@ -55,6 +64,7 @@ class Pipeline:
             self.catalogue,
             read_only=self.read_only,
             default_timeout_s=self.default_timeout_s,
+            max_timeout_s=self.max_timeout_s,
             before_write=before_write,
         )
 

@@ -7,7 +7,6 @@ object costs about a microsecond. See docs/runtime.md for why it was chosen.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from typing import Any
 
@@ -19,10 +18,11 @@ __all__ = ["compiled", "schema_problem", "validate"]
 
 _cache: dict[int, tuple[dict[str, Any], Any]] = {}
 _lock = threading.Lock()
-_QUOTED_TYPE = re.compile(r'is not of type "([^"]+)"')
-_LEADING_STRING = re.compile(r'^"(?:[^"\\]|\\.)*"')
 #: How many errors one message lists before it says "and N more".
 _MAX_LISTED = 5
+#: Longest schema value (an enum, a pattern, a bound) quoted in a message.
+_MAX_SHOWN = 80
+_named_cache: dict[int, tuple[dict[str, Any], set[str]]] = {}
 
 
 def compiled(schema: dict[str, Any]) -> Any:
@@ -57,52 +57,135 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     return None
 
 
-def _shown_value(instance: Any) -> str:
+def _json_kind(instance: Any) -> str:
+    """The JSON type of a value, with its article: what a message may say of the value."""
+    if isinstance(instance, bool):
+        return "a boolean"
+    if isinstance(instance, int):
+        return "an integer"
+    if isinstance(instance, float):
+        return "a number"
     if isinstance(instance, str):
         return "a string"
     if isinstance(instance, dict):
         return "an object"
-    return "an array"
+    if isinstance(instance, list):
+        return "an array"
+    return "null"
+
+
+def _shown(value: Any) -> str:
+    """A value from the schema (never from the instance), short and on one line."""
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def _keyword(error: Any) -> str:
+    """The schema keyword that failed: the last keyword of the error's schema path."""
+    words = [p for p in error.schema_path if isinstance(p, str)]
+    return words[-1] if words else "schema"
+
+
+def _types(kind: Any) -> str:
+    types = [str(t).split(".")[-1].lower() for t in getattr(kind, "types", [])]
+    return " or ".join(f"'{t}'" for t in types) or "the expected type"
+
+
+def _limit(kind: Any) -> Any:
+    return getattr(kind, "limit", None)
+
+
+#: What each failing keyword says, from the schema alone: (kind name) -> text builder.
+_MESSAGES: dict[str, Any] = {
+    "Type": lambda e, k: f"{_json_kind(e.instance)} is not of type {_types(k)}",
+    "Enum": lambda e, k: f"must be one of {_shown(getattr(k, 'options', []))}",
+    "Constant": lambda e, k: f"must equal {_shown(getattr(k, 'expected_value', None))}",
+    "Not": lambda e, k: "must not be valid under the schema in 'not'",
+    "FalseSchema": lambda e, k: "is not allowed here (the schema is false)",
+    "Contains": lambda e, k: "has no item valid under 'contains'",
+    "PropertyNames": lambda e, k: "has a property name that is not valid under 'propertyNames'",
+    "Pattern": lambda e, k: f"does not match the pattern {_shown(getattr(k, 'pattern', ''))}",
+    "Format": lambda e, k: f"is not a valid {_shown(getattr(k, 'format', ''))}",
+    "MinLength": lambda e, k: f"is shorter than {_limit(k)} characters",
+    "MaxLength": lambda e, k: f"is longer than {_limit(k)} characters",
+    "MinItems": lambda e, k: f"has fewer than {_limit(k)} items",
+    "MaxItems": lambda e, k: f"has more than {_limit(k)} items",
+    "MinProperties": lambda e, k: f"has fewer than {_limit(k)} properties",
+    "MaxProperties": lambda e, k: f"has more than {_limit(k)} properties",
+    "UniqueItems": lambda e, k: "has duplicate items",
+    "Minimum": lambda e, k: f"is less than the minimum of {_shown(_limit(k))}",
+    "Maximum": lambda e, k: f"is greater than the maximum of {_shown(_limit(k))}",
+    "ExclusiveMinimum": lambda e, k: f"must be greater than {_shown(_limit(k))}",
+    "ExclusiveMaximum": lambda e, k: f"must be less than {_shown(_limit(k))}",
+    "MultipleOf": lambda e, k: f"is not a multiple of {_shown(getattr(k, 'multiple_of', ''))}",
+    "OneOfNotValid": lambda e, k: "is valid under none of the schemas in 'oneOf'",
+    "OneOfMultipleValid": lambda e, k: "is valid under more than one of the schemas in 'oneOf'",
+    "AnyOf": lambda e, k: "is valid under none of the schemas in 'anyOf'",
+    "Required": lambda e, k: f"{_shown(getattr(k, 'property', ''))} is a required property",
+    "AdditionalProperties": lambda e, k: "has properties that 'additionalProperties' forbids",
+    "UnevaluatedProperties": lambda e, k: "has properties that 'unevaluatedProperties' forbids",
+    "AdditionalItems": lambda e, k: "has items that 'additionalItems' forbids",
+    "UnevaluatedItems": lambda e, k: "has items that 'unevaluatedItems' forbids",
+}
 
 
 def _readable(error: Any) -> str:
-    """The error's message without the offending value when that value is text.
+    """What failed, built from the schema and the failing keyword, never from the value.
 
     Arguments can hold secrets, and messages end up in stored results, Flower and
-    logs: a string, object or array is named by its kind, never quoted. Numbers,
-    booleans and null are shown as they are (``3 is not of type 'string'``).
+    logs: a message names the keyword and what the schema expects (a type, a bound,
+    a pattern), and of the value at most its JSON type (``an integer is not of type
+    'string'``).
     """
-    message: str = error.message
-    instance = error.instance
-    openings: dict[type, str] = {str: '"', dict: "{", list: "["}
-    opening = openings.get(type(instance))
-    if opening is not None and message.startswith(opening):
-        rest = None
-        if isinstance(instance, str):
-            quoted = _LEADING_STRING.match(message)
-            rest = message[quoted.end() :] if quoted else None
-        else:
-            for text in (json.dumps(instance, separators=(",", ":")), json.dumps(instance)):
-                if message.startswith(text):
-                    rest = message[len(text) :]
-        if rest is None:
-            kind = type(getattr(error, "kind", None)).__name__
-            message = f"{_shown_value(instance)} does not satisfy {kind!r}"
-        else:
-            message = _shown_value(instance) + rest
-    # jsonschema-rs quotes type names with double quotes; the docs and users expect 'string'.
-    return _QUOTED_TYPE.sub(r"is not of type '\1'", message)
+    kind = error.kind
+    build = _MESSAGES.get(type(kind).__name__)
+    if build is None:
+        return f"is not valid under {_keyword(error)!r}"
+    try:
+        return str(build(error, kind))
+    except Exception:  # an attribute missing in another jsonschema-rs version
+        return f"is not valid under {_keyword(error)!r}"
 
 
-def _where(root: str, path: Any) -> str:
-    return ".".join([root, *(str(p) for p in path)])
+def _named_properties(schema: Any, into: set[str]) -> set[str]:
+    """Every property name the schema itself names (so a path through it may be shown)."""
+    if isinstance(schema, dict):
+        for key in ("properties", "dependentSchemas", "dependentRequired", "patternProperties"):
+            named = schema.get(key)
+            if isinstance(named, dict) and key != "patternProperties":
+                into.update(k for k in named if isinstance(k, str))
+        required = schema.get("required")
+        if isinstance(required, list):
+            into.update(r for r in required if isinstance(r, str))
+        for value in schema.values():
+            _named_properties(value, into)
+    elif isinstance(schema, list):
+        for value in schema:
+            _named_properties(value, into)
+    return into
+
+
+def _where(root: str, path: Any, named: set[str]) -> str:
+    # A key the schema does not name came from the instance (it may be a secret): "*".
+    parts = [str(p) if isinstance(p, int) or p in named else "*" for p in path]
+    return ".".join([root, *parts])
+
+
+def _names(schema: dict[str, Any]) -> set[str]:
+    hit = _named_cache.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    named = _named_properties(schema, set())
+    with _lock:
+        _named_cache[id(schema)] = (schema, named)
+    return named
 
 
 def validate(schema: dict[str, Any] | None, instance: Any, *, root: str, source: str) -> None:
     """Validate ``instance`` against ``schema``; a failure names the path in the data.
 
     Raises:
-        SchemaValidationError: e.g. ``arguments.text: 3 is not of type 'string'``.
+        SchemaValidationError: e.g. ``arguments.text: an integer is not of type 'string'``.
     """
     if schema is None:
         return
@@ -110,7 +193,10 @@ def validate(schema: dict[str, Any] | None, instance: Any, *, root: str, source:
     if validator.is_valid(instance):
         return
     errors = list(validator.iter_errors(instance))
-    readable = [(_where(root, e.instance_path), _readable(e)) for e in errors[:_MAX_LISTED]]
+    named = _names(schema)
+    readable = [
+        (_where(root, e.instance_path, named), _readable(e)) for e in errors[:_MAX_LISTED]
+    ]
     lines = [f"{where}: {message}" for where, message in readable]
     if len(errors) > _MAX_LISTED:
         lines.append(f"and {len(errors) - _MAX_LISTED} more")

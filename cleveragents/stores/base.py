@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,11 +39,13 @@ class Claim:
     pid: int
     until: float
     done: dict[str, Any] | None = None
+    #: Tells two claims of one process apart (a store recognises its own after a retry).
+    token: str = ""
 
     @classmethod
     def mine(cls, for_s: float) -> Claim:
-        """A claim by this process that may run for ``for_s`` seconds from now."""
-        return cls(_HOST, os.getpid(), time.time() + for_s)
+        """A new claim by this process that may run for ``for_s`` seconds from now."""
+        return cls(_HOST, os.getpid(), time.time() + for_s, token=uuid.uuid4().hex)
 
     @classmethod
     def finished(cls, payload: dict[str, Any]) -> Claim:
@@ -65,6 +68,10 @@ class Claim:
         """True while the first run may still finish and store its result."""
         return time.time() < self.until and self.owner_alive()
 
+    def same_as(self, other: Claim) -> bool:
+        """True when ``other`` is this very claim (as stored and read back)."""
+        return bool(self.token) and self.token == other.token
+
     def running(self) -> bool:
         """True while the write is unfinished and its first run may still finish it."""
         return self.done is None and self.may_still_run()
@@ -74,6 +81,8 @@ class Claim:
         data: dict[str, Any] = {"host": self.host, "pid": self.pid, "until": self.until}
         if self.done is not None:
             data["done"] = self.done
+        if self.token:
+            data["token"] = self.token
         return json.dumps(data)
 
     @classmethod
@@ -87,6 +96,7 @@ class Claim:
                 int(data["pid"]),
                 float(data["until"]),
                 done if isinstance(done, dict) else None,
+                str(data.get("token") or ""),
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls("", 0, 0.0)
@@ -132,7 +142,10 @@ class GuardStore(Protocol):
         ...
 
     def claim(self, request_id: str, claim: Claim) -> Claim | None:
-        """Take the write claim atomically: None when taken, else the claim already held."""
+        """Take the write claim atomically: None when taken, else the claim already held.
+
+        Taking the same claim again (a retry) succeeds: the store recognises its token.
+        """
         ...
 
     def read_claim(self, request_id: str) -> Claim | None:
@@ -144,7 +157,7 @@ class GuardStore(Protocol):
         ...
 
     def dead_letter(self, request_id: str, record: dict[str, Any]) -> None:
-        """Keep a poison invocation for inspection (the same record twice is kept once)."""
+        """Keep a poison invocation for inspection (newest first, the last 10,000)."""
         ...
 
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:

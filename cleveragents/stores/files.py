@@ -60,7 +60,8 @@ class FileGuardStore:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            return Claim.decode(path.read_text(encoding="utf-8"))
+            held = Claim.decode(path.read_text(encoding="utf-8"))
+            return None if held.same_as(claim) else held
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(claim.encode())
         return None

@@ -41,7 +41,7 @@ class MemoryGuardStore:
         with self._lock:
             held = self._claims.get(request_id)
             if held is not None:
-                return held
+                return None if held.same_as(claim) else held
             self._claims[request_id] = claim
             return None
 
@@ -59,7 +59,7 @@ class MemoryGuardStore:
         """Keep a poison invocation for inspection (newest first, the last 10,000)."""
         text = json.dumps({"request_id": request_id, **record})
         with self._lock:
-            self._dead = [text, *(t for t in self._dead if t != text)][:DEAD_LETTER_LIMIT]
+            self._dead = [text, *self._dead][:DEAD_LETTER_LIMIT]
 
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest ``limit`` dead letters, newest first."""

@@ -2,9 +2,11 @@
 
 Each call rides out a Redis restart (``cleveragents.retry.retrying``). A write
 whose reply was lost to a broken connection is sent again: setting a key or
-deleting one is idempotent, and a dead letter is replaced rather than added
-twice; a counter (``INCR``, ``HINCRBY``) or a ledger append (``RPUSH``) caught
-that way may count twice, the one cost of never losing one.
+deleting one is idempotent, and a write claim recognises its own token; a
+counter (``INCRBY``, ``HINCRBY``), a dead letter or a ledger append (``LPUSH``,
+``RPUSH``) caught that way may count twice, the one cost of never losing one.
+The commands are those the worker's and producer's Redis users may run
+(docs/deployment.md, "Redis users per role").
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ class RedisGuardStore:
         if raw is None:  # expired in between: the earlier run is long over
             return Claim("", 0, 0.0)
         stored = Claim.decode(raw)
-        # A reply lost to a broken connection after our own SET NX made the key.
-        return None if stored == claim else stored
+        # Our own SET NX, whose reply was lost to a broken connection, made the key.
+        return None if stored.same_as(claim) else stored
 
     def read_claim(self, request_id: str) -> Claim | None:
         """The write claim of ``request_id``, if any."""
@@ -90,8 +92,7 @@ class RedisGuardStore:
         text = json.dumps({"request_id": request_id, **record})
 
         def push() -> None:
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.lrem(DEAD_LETTER_KEY, 0, text)  # a retried push is kept once
+            with self.client.pipeline(transaction=False) as pipe:
                 pipe.lpush(DEAD_LETTER_KEY, text)
                 pipe.ltrim(DEAD_LETTER_KEY, 0, DEAD_LETTER_LIMIT - 1)
                 pipe.execute()
