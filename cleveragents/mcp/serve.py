@@ -1,0 +1,138 @@
+"""``cleveragents mcp serve``: load the catalogue, start what the queue needs, serve MCP.
+
+With no broker configured (the embedded default) a local worker runs for as
+long as the server does, as ``submit --wait`` does, so a one-line MCP host
+config works on one machine. Over stdio nothing but the protocol reaches stdout
+(the SDK points fd 1 at stderr while it serves; logs go to stderr).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from cleveragents.client import SkillClient
+from cleveragents.embedded.runner import LocalWorker
+from cleveragents.mcp.http import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    MCP_PATH,
+    TOKEN_ENV,
+    BearerGuard,
+    check_http_options,
+    is_loopback,
+)
+from cleveragents.mcp.naming import ToolTable
+from cleveragents.mcp.server import FleetTools, build_server
+from cleveragents.settings import Settings
+from cleveragents.skills import Catalogue
+
+__all__ = ["ServeOptions", "serve"]
+
+log = logging.getLogger("cleveragents.mcp")
+
+Transport = Literal["stdio", "http"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How ``mcp serve`` serves: transport, address, writes, and the HTTP token."""
+
+    transport: Transport = "stdio"
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    allow_writes: bool = False
+    #: The bearer token HTTP clients must send (``CLEVERAGENTS_MCP_TOKEN``); never logged.
+    token: str | None = field(default=None, repr=False)
+
+
+def _log_to_stderr() -> None:
+    logger = logging.getLogger("cleveragents.mcp")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("cleveragents mcp: %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def load_table(settings: Settings) -> ToolTable:
+    """The MCP tools of the configured catalogue; its problems are logged, not fatal."""
+    catalogue = Catalogue.from_paths(*settings.catalogue_paths)
+    for problem in catalogue.errors:
+        log.warning("catalogue: %s", problem)
+    table = ToolTable.from_catalogue(catalogue)
+    for reason in table.skipped:
+        log.warning("not served: %s", reason)
+    return table
+
+
+@contextlib.contextmanager
+def _local_worker(settings: Settings) -> Iterator[None]:
+    if not settings.embedded:
+        yield
+        return
+    log.info("no broker configured: starting a local worker (embedded default)")
+    with LocalWorker(settings):
+        yield
+
+
+def serve(options: ServeOptions, settings: Settings) -> None:
+    """Serve the catalogue over MCP until the client goes away or a signal stops it.
+
+    Raises:
+        ConfigurationError: HTTP on a non-loopback host without a token, or bad settings.
+    """
+    if options.transport == "http":
+        check_http_options(options.host, options.token)
+    _log_to_stderr()
+    table = load_table(settings)
+    with SkillClient(settings=settings) as client, _local_worker(settings):
+        tools = FleetTools(table, client, allow_writes=options.allow_writes)
+        server = build_server(tools)
+        writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
+        log.info("serving %d tools over %s; writes %s", len(table), options.transport, writes)
+        if options.transport == "http":
+            anyio.run(_serve_http, server, options)
+        else:
+            anyio.run(_serve_stdio, server)
+
+
+async def _stop_on_signals(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("stopping on %s", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def _serve_stdio(server: Server[Any]) -> None:
+    async with anyio.create_task_group() as group:
+        group.start_soon(_stop_on_signals, group.cancel_scope)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        group.cancel_scope.cancel()
+
+
+async def _serve_http(server: Server[Any], options: ServeOptions) -> None:
+    import uvicorn  # only the HTTP transport needs it
+
+    app: Any = server.streamable_http_app(streamable_http_path=MCP_PATH, host=options.host)
+    if options.token:
+        app = BearerGuard(app, options.token)
+    elif is_loopback(options.host):
+        log.warning("%s is not set: any local process may call the tools", TOKEN_ENV)
+    config = uvicorn.Config(
+        app, host=options.host, port=options.port, log_level="warning", lifespan="on"
+    )
+    log.info("listening on http://%s:%d%s", options.host, options.port, MCP_PATH)
+    await uvicorn.Server(config).serve()
