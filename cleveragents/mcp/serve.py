@@ -33,6 +33,7 @@ from cleveragents.mcp.http import (
 )
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.mcp.server import FleetTools, build_server
+from cleveragents.mcp.stdio import pipe_lines
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 
@@ -76,14 +77,32 @@ def load_table(settings: Settings) -> ToolTable:
     return table
 
 
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM or SIGHUP outside the event loop."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signum)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end ``serve`` through its cleanup (the local worker is stopped)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_stop)
+
+
 @contextlib.contextmanager
 def _local_worker(settings: Settings) -> Iterator[None]:
     if not settings.embedded:
         yield
         return
     log.info("no broker configured: starting a local worker (embedded default)")
-    with LocalWorker(settings):
+    local = LocalWorker(settings)
+    try:
+        local.start()  # a signal may land while it waits: its process must not outlive us
         yield
+    finally:
+        local.stop()
 
 
 def serve(options: ServeOptions, settings: Settings) -> None:
@@ -95,19 +114,30 @@ def serve(options: ServeOptions, settings: Settings) -> None:
     if options.transport == "http":
         check_http_options(options.host, options.token)
     _log_to_stderr()
-    table = load_table(settings)
-    with SkillClient(settings=settings) as client, _local_worker(settings):
-        tools = FleetTools(table, client, allow_writes=options.allow_writes)
-        server = build_server(tools)
-        writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
-        log.info("serving %d tools over %s; writes %s", len(table), options.transport, writes)
+    _stop_on_signals()
+    try:
+        table = load_table(settings)
+        with SkillClient(settings=settings) as client, _local_worker(settings):
+            tools = FleetTools(table, client, allow_writes=options.allow_writes)
+            writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
+            log.info("serving %d tools over %s; writes %s", len(table), options.transport, writes)
+            _run(build_server(tools), options)
+    except _Stop as stop:
+        log.info("stopped by %s", signal.Signals(stop.args[0]).name)
+
+
+def _run(server: Server[Any], options: ServeOptions) -> None:
+    try:
         if options.transport == "http":
             anyio.run(_serve_http, server, options)
         else:
             anyio.run(_serve_stdio, server)
+    finally:
+        # The event loop put its own signal handlers back to the defaults.
+        _stop_on_signals()
 
 
-async def _stop_on_signals(scope: anyio.CancelScope) -> None:
+async def _stop_on(scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("stopping on %s", signal.Signals(signum).name)
@@ -117,12 +147,10 @@ async def _stop_on_signals(scope: anyio.CancelScope) -> None:
 
 async def _serve_stdio(server: Server[Any]) -> None:
     async with anyio.create_task_group() as group:
-        group.start_soon(_stop_on_signals, group.cancel_scope)
-        async with stdio_server() as (read_stream, write_stream):
+        group.start_soon(_stop_on, group.cancel_scope)
+        async with stdio_server(stdin=pipe_lines(0)) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
         group.cancel_scope.cancel()
-
-
 async def _serve_http(server: Server[Any], options: ServeOptions) -> None:
     import uvicorn  # only the HTTP transport needs it
 
