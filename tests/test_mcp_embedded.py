@@ -80,7 +80,8 @@ def test_sigterm_stops_the_server_and_its_local_worker_even_with_stdin_open(
             wait_until(lambda: len(processes_in(tmp_path)) > 2, 60, "the local worker to start")
             wait_until(worker_log.exists, 60, "the local worker's log")
             if when == "serving":
-                assert proc.stdin is not None and proc.stdout is not None
+                assert proc.stdin is not None
+                assert proc.stdout is not None
                 proc.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
                 proc.stdin.flush()
                 answer = json.loads(proc.stdout.readline())
