@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,3 +113,18 @@ def test_the_server_log_never_shows_the_token(server: HttpServer) -> None:
 
     assert TOKEN not in server.log_text()
     assert "listening on http://127.0.0.1" in server.log_text()
+
+
+def test_a_port_already_in_use_is_one_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [CLEVERAGENTS, "mcp", "serve", "--transport", "http", "--port", str(port)],
+            env=serve_env(None), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )
+
+    assert done.returncode == 2
+    expected = f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert done.stderr.strip() == expected

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import socket
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -46,13 +47,32 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_http_options(host: str, token: str | None) -> None:
-    """Refuse (``ConfigurationError``) to serve HTTP beyond loopback without a token."""
+def check_http_options(host: str, token: str | None, port: int | None = None) -> None:
+    """Refuse (``ConfigurationError``) to serve HTTP beyond loopback without a token.
+
+    With ``port``, also refuse when that address cannot be bound (in use, or not
+    an address of this machine), before anything is started.
+    """
     if not is_loopback(host) and not token:
         raise ConfigurationError(
             f"refusing to serve MCP on {host} without a token: set {TOKEN_ENV} "
             "(clients then send Authorization: Bearer <token>), or bind to 127.0.0.1"
         )
+    if port is not None:
+        _check_bindable(host, port)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
 
 
 def _bearer(scope: Scope) -> bytes | None:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,7 +92,12 @@ def _stop_on_signals() -> None:
 
 
 @contextlib.contextmanager
-def _local_worker(settings: Settings) -> Iterator[None]:
+def _local_worker(settings: Settings, idle: Callable[[], bool]) -> Iterator[None]:
+    """On the embedded default, a local worker for the block; stopped at once when ``idle()``.
+
+    With a call still waiting, the worker gets a warm shutdown instead, so that a
+    running tool (a write above all) can finish.
+    """
     if not settings.embedded:
         yield
         return
@@ -102,7 +107,7 @@ def _local_worker(settings: Settings) -> Iterator[None]:
         local.start()  # a signal may land while it waits: its process must not outlive us
         yield
     finally:
-        local.stop()
+        local.stop(drained=idle())
 
 
 def serve(options: ServeOptions, settings: Settings) -> None:
@@ -112,16 +117,18 @@ def serve(options: ServeOptions, settings: Settings) -> None:
         ConfigurationError: HTTP on a non-loopback host without a token, or bad settings.
     """
     if options.transport == "http":
-        check_http_options(options.host, options.token)
+        check_http_options(options.host, options.token, options.port)
     _log_to_stderr()
     _stop_on_signals()
     try:
         table = load_table(settings)
-        with SkillClient(settings=settings) as client, _local_worker(settings):
+        with SkillClient(settings=settings) as client:
             tools = FleetTools(table, client, allow_writes=options.allow_writes)
-            writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
-            log.info("serving %d tools over %s; writes %s", len(table), options.transport, writes)
-            _run(build_server(tools), options)
+            with _local_worker(settings, tools.idle):
+                writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
+                log.info("serving %d tools over %s; writes %s", len(table), options.transport,
+                         writes)
+                _run(build_server(tools), options)
     except _Stop as stop:
         log.info("stopped by %s", signal.Signals(stop.args[0]).name)
 
