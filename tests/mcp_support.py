@@ -34,6 +34,8 @@ CATALOGUE = os.pathsep.join([str(MCP_SKILLS), str(EXAMPLE_SKILLS)])
 CLEVERAGENTS = str(Path(sys.executable).with_name("cleveragents"))
 #: The Redis database of the MCP tests (the per-test `redis_url` fixture flushes database 0).
 MCP_DB = 7
+#: Set when the tests use an existing Redis (tests/conftest.py); then its database is used.
+EXTERNAL_REDIS = bool(os.environ.get("CLEVERAGENTS_TEST_REDIS_URL"))
 
 ECHO = "test_mcp__test_echo"
 SLOW_READ = "test_mcp__test_slow-read"
@@ -55,8 +57,14 @@ class Fleet:
 
 @contextmanager
 def running_fleet(session_redis_url: str) -> Iterator[Fleet]:
-    """Start a worker with the MCP catalogue on a database of the session's Redis."""
-    broker = session_redis_url.rsplit("/", 1)[0] + f"/{MCP_DB}"
+    """Start a worker with the MCP catalogue on a database of the session's Redis.
+
+    On the private test Redis that is database ``MCP_DB``; on an external one
+    (``CLEVERAGENTS_TEST_REDIS_URL``) the database it names, which the tests own.
+    """
+    broker = session_redis_url
+    if not EXTERNAL_REDIS:
+        broker = session_redis_url.rsplit("/", 1)[0] + f"/{MCP_DB}"
     redis.Redis.from_url(broker).flushdb()
     worker = Worker(
         {

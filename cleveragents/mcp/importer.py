@@ -35,7 +35,14 @@ from mcp.client.streamable_http import streamable_http_client
 
 from cleveragents.errors import ConfigurationError
 
-__all__ = ["IMPORT_TIMEOUT_S", "RemoteServer", "import_skill", "skill_document", "tool_access"]
+__all__ = [
+    "IMPORT_TIMEOUT_S",
+    "RemoteServer",
+    "import_skill",
+    "list_remote_tools",
+    "skill_document",
+    "tool_access",
+]
 
 #: How long the remote server may take to start and list its tools.
 IMPORT_TIMEOUT_S = 60.0

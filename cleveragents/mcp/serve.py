@@ -37,7 +37,7 @@ from cleveragents.mcp.stdio import pipe_lines
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 
-__all__ = ["ServeOptions", "serve"]
+__all__ = ["ServeOptions", "load_table", "serve"]
 
 log = logging.getLogger("cleveragents.mcp")
 
