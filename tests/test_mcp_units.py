@@ -177,3 +177,113 @@ def test_the_cli_does_not_import_the_mcp_sdk_until_an_mcp_command_runs() -> None
     code = "import sys, cleveragents.cli; print('mcp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _StubQueue:
+    """A client double: records what is sent and revoked, answers with scripted states."""
+
+    def __init__(
+        self, states: list[str], result: SkillResult | None = None, *, embedded: bool = False
+    ) -> None:
+        self.states = states
+        self.result = result
+        self.embedded = embedded
+        self.sent: list[str] = []
+        self.revoked: list[tuple[str, bool]] = []
+
+    def build_request(self, *args: Any, **kwargs: Any) -> Any:
+        return SkillClient.build_request(cast(SkillClient, self), *args, **kwargs)
+
+    def send(self, request: Any, *, skip_if_done: bool = True) -> None:
+        self.sent.append(request.request_id)
+
+    def get(self, request_id: str) -> SkillResult | None:
+        return self.result if len(self.states) <= 1 else None
+
+    def state(self, request_id: str) -> str:
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def revoke(self, request_id: str, *, terminate: bool = False) -> bool:
+        self.revoked.append((request_id, terminate))
+        return not self.embedded
+
+
+class _Session:
+    """What the handler needs of the request context: a session that takes progress."""
+
+    def __init__(self) -> None:
+        self.progress: list[tuple[float, float | None, str | None]] = []
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        self.progress.append((progress, total, message))
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.session = _Session()
+
+
+def _call(tools: FleetTools, name: str) -> types.CallToolResult:
+    params = types.CallToolRequestParams(name=name, arguments={"text": "a b"})
+    return anyio.run(tools.call_tool, cast(Any, _Context()), params)
+
+
+def test_an_invocation_revoked_elsewhere_ends_the_call_with_an_error(table: ToolTable) -> None:
+    queue = _StubQueue(["PENDING", "REVOKED"])
+    tools = FleetTools(table, cast(SkillClient, queue), progress_interval_s=0.0)
+
+    answer = _call(tools, "local_text-tools__local_word-count")
+
+    assert len(queue.sent) == 1
+    assert answer.is_error is True
+    assert "was revoked before it ended" in answer.content[0].text  # type: ignore[union-attr]
+    assert tools.idle()
+
+
+def test_a_waiting_call_reports_queued_then_running(table: ToolTable) -> None:
+    done = SkillResult(skill_name="s/s", tool_name="t/t", success=True, output_data={"words": 2})
+    queue = _StubQueue(["PENDING", "STARTED", "STARTED", "SUCCESS"], done)
+    tools = FleetTools(table, cast(SkillClient, queue), progress_interval_s=0.0)
+    context = _Context()
+    params = types.CallToolRequestParams(
+        name="local_text-tools__local_word-count", arguments={"text": "a b"}
+    )
+
+    answer = anyio.run(tools.call_tool, cast(Any, context), params)
+
+    assert answer.structured_content == {"words": 2}
+    assert [m for _, _, m in context.session.progress] == ["queued", "running", "running"]
+
+
+@pytest.mark.parametrize(
+    ("name", "state", "embedded", "revoked", "logged"),
+    [
+        ("local_text-tools__local_word-count", "STARTED", False, True, "revoked (it was running)"),
+        ("local_text-tools__local_word-count", "PENDING", False, True, "revoked (it was queued)"),
+        ("local_notes__local_write-note", "PENDING", False, False, "revoked (it was queued)"),
+        ("local_notes__local_write-note", "STARTED", False, False, "left to finish"),
+        ("local_text-tools__local_word-count", "STARTED", True, True, "cannot revoke it"),
+        ("local_text-tools__local_word-count", "SUCCESS", False, None, "after it ended"),
+    ],
+)
+def test_a_cancelled_call_stops_reads_never_running_writes(
+    table: ToolTable,
+    caplog: pytest.LogCaptureFixture,
+    name: str,
+    state: str,
+    embedded: bool,
+    revoked: bool | None,
+    logged: str,
+) -> None:
+    queue = _StubQueue([state], embedded=embedded)
+    tools = FleetTools(table, cast(SkillClient, queue), allow_writes=True)
+    route = table.route(name)
+    assert route is not None
+
+    with caplog.at_level("INFO", logger="cleveragents.mcp"):
+        tools.cancel(route, "r-9")
+
+    assert queue.revoked == ([] if revoked is None else [("r-9", revoked)])
+    assert logged in caplog.text

@@ -122,10 +122,11 @@ class FleetTools:
         self._in_flight += 1
         try:
             await anyio.to_thread.run_sync(lambda: self.client.send(request, skip_if_done=False))
+            log.info("call %s: invocation %s sent", route.name, request.request_id)
             return await self._wait(ctx, route, request.request_id)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._cancel, route, request.request_id)
+                await anyio.to_thread.run_sync(self.cancel, route, request.request_id)
             raise
         finally:
             self._in_flight -= 1
@@ -156,7 +157,7 @@ class FleetTools:
             await anyio.sleep(pause)
             pause = min(pause * 1.5, MAX_POLL_S)
 
-    def _cancel(self, route: ToolRoute, request_id: str) -> None:
+    def cancel(self, route: ToolRoute, request_id: str) -> None:
         """Revoke a cancelled call's invocation: stop a read, never a running write."""
         state = self.client.state(request_id)
         if state in _ENDED:
