@@ -30,37 +30,33 @@ async def _with_fixture(scenario: Any) -> Any:
             return await scenario(session)
 
 
-def test_the_fixture_answers_structured_results_errors_and_progress() -> None:
+def test_the_fixture_answers_structured_results_errors_progress_and_can_die() -> None:
     reported: list[float] = []
+    answers: list[Any] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         reported.append(progress)
 
-    async def scenario(session: ClientSession) -> list[Any]:
-        return [
-            await session.call_tool("lookup", {"key": "beta"}),
-            await session.call_tool("fail", {"message": "remote says no"}),
-            await session.call_tool("sleep", {"seconds": 0.5}, progress_callback=on_progress),
-            await session.call_tool("lookup", {"key": 3}),
-        ]
+    async def scenario(session: ClientSession) -> None:
+        answers.append(await session.call_tool("lookup", {"key": "beta"}))
+        answers.append(await session.call_tool("fail", {"message": "remote says no"}))
+        answers.append(
+            await session.call_tool("sleep", {"seconds": 0.5}, progress_callback=on_progress)
+        )
+        answers.append(await session.call_tool("lookup", {"key": 3}))
+        await session.call_tool("exit_server", {})
 
-    found, failed, slept, bad = anyio.run(_with_fixture, scenario)
+    # Dying mid-call: the SDK's client raises MCPError "Connection closed" (in task groups).
+    with pytest.raises(ExceptionGroup) as raised:
+        anyio.run(_with_fixture, scenario)
 
+    found, failed, slept, bad = answers
     assert found.structured_content == {"key": "beta", "value": 2, "found": True}
     assert failed.is_error is True
     assert failed.content[0].text == "Error executing tool fail: remote says no"
     assert slept.structured_content == {"slept": 0.5}
     assert reported == pytest.approx([0.2, 0.4, 0.5])
     assert bad.is_error is True
-
-
-def test_the_fixture_can_die_mid_call() -> None:
-    async def scenario(session: ClientSession) -> None:
-        await session.call_tool("exit_server", {})
-
-    # The SDK's client reports it as an MCPError "Connection closed" (in task-group wrappers).
-    with pytest.raises(ExceptionGroup) as raised:
-        anyio.run(_with_fixture, scenario)
     leaf: BaseException = raised.value
     while isinstance(leaf, BaseExceptionGroup):
         leaf = leaf.exceptions[0]
