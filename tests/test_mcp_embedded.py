@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import anyio
 import pytest
 
 from tests.mcp_support import CLEVERAGENTS, WORD_COUNT, serve_env, stdio_session, text_of
-from tests.procs import kill_group, wait_until
+from tests.procs import free_port, kill_group, wait_until
 
 
 def processes_in(folder: Path) -> list[int]:
@@ -93,6 +94,36 @@ def test_sigterm_stops_the_server_and_its_local_worker_even_with_stdin_open(
             assert proc.returncode == 0, err.decode()
             assert out == b""  # nothing but protocol on stdout
             assert "SIGTERM" in err.decode()
+            wait_until(lambda: not processes_in(tmp_path), 30, "the local worker to stop")
+        finally:
+            kill_group(proc)
+            for pid in processes_in(tmp_path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+
+def _listens(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_sigterm_stops_an_http_server_and_its_local_worker(tmp_path: Path) -> None:
+    port = free_port()
+    with subprocess.Popen(
+        [CLEVERAGENTS, "mcp", "serve", "--transport", "http", "--port", str(port)],
+        env=embedded_env(), cwd=tmp_path, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    ) as proc:
+        try:
+            wait_until(lambda: _listens(port) or proc.poll() is not None, 60, "listening")
+
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+
+            assert proc.returncode == 0, err.decode()
+            assert "stopped by SIGTERM" in err.decode()
+            assert out == b""
             wait_until(lambda: not processes_in(tmp_path), 30, "the local worker to stop")
         finally:
             kill_group(proc)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -85,10 +86,31 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop(signum)
 
 
+#: Signals that stop the server through its cleanup (SIGINT is Python's KeyboardInterrupt).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _stop_on_signals() -> None:
     """SIGTERM and SIGHUP end ``serve`` through its cleanup (the local worker is stopped)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in _STOP_SIGNALS:
         signal.signal(signum, _raise_stop)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP end it cleanly; then the old handlers return."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the caller handles its signals
+        return
+    previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+    _stop_on_signals()
+    try:
+        yield
+    except _Stop as stop:
+        log.info("stopped by %s", signal.Signals(stop.args[0]).name)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -119,8 +141,7 @@ def serve(options: ServeOptions, settings: Settings) -> None:
     if options.transport == "http":
         check_http_options(options.host, options.token, options.port)
     _log_to_stderr()
-    _stop_on_signals()
-    try:
+    with _stopped_by_signals():
         table = load_table(settings)
         with SkillClient(settings=settings) as client:
             tools = FleetTools(table, client, allow_writes=options.allow_writes)
@@ -129,8 +150,6 @@ def serve(options: ServeOptions, settings: Settings) -> None:
                 log.info("serving %d tools over %s; writes %s", len(table), options.transport,
                          writes)
                 _run(build_server(tools), options)
-    except _Stop as stop:
-        log.info("stopped by %s", signal.Signals(stop.args[0]).name)
 
 
 def _run(server: Server[Any], options: ServeOptions) -> None:
@@ -141,7 +160,8 @@ def _run(server: Server[Any], options: ServeOptions) -> None:
             anyio.run(_serve_stdio, server)
     finally:
         # The event loop put its own signal handlers back to the defaults.
-        _stop_on_signals()
+        if threading.current_thread() is threading.main_thread():
+            _stop_on_signals()
 
 
 async def _stop_on(scope: anyio.CancelScope) -> None:
@@ -154,7 +174,8 @@ async def _stop_on(scope: anyio.CancelScope) -> None:
 
 async def _serve_stdio(server: Server[Any]) -> None:
     async with anyio.create_task_group() as group:
-        group.start_soon(_stop_on, group.cancel_scope)
+        if threading.current_thread() is threading.main_thread():
+            group.start_soon(_stop_on, group.cancel_scope)
         async with stdio_server(stdin=pipe_lines(0)) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
         group.cancel_scope.cancel()
