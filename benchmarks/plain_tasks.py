@@ -3,7 +3,7 @@
 ``bench.noop`` calls ``examples.tools.noop`` directly: no request model, no
 catalogue, no gates, no schema validation, no deadline, no ``SkillResult``. The
 app is configured from the very dict the skill worker uses
-(``celeryconfig.settings_for``: JSON only, acks late, prefetch 1, track started,
+(``cleveragents.celery_settings.celery_settings``: JSON only, acks late, prefetch 1, track started,
 task events, result backend, transport options ...), with two differences that
 only concern routing and error paths:
 
@@ -28,7 +28,7 @@ from celery import Celery
 from celery.signals import worker_ready
 from kombu import Exchange, Queue
 
-import celeryconfig
+from cleveragents.celery_settings import celery_settings
 from cleveragents.settings import Settings
 from examples.tools import noop as noop_tool
 
@@ -40,7 +40,7 @@ PLAIN_QUEUE = "bench.plain"
 PLAIN_TASK = "bench.noop"
 
 app = Celery("cleveragents-bench-plain")
-_conf = celeryconfig.settings_for(Settings.from_env())
+_conf = celery_settings(Settings.from_env())
 _conf.pop("worker_consumer", None)
 _conf["task_queues"] = [
     *_conf["task_queues"],

@@ -5,7 +5,7 @@ Run it from the repository root with ``.venv/bin/python benchmarks/queue_bench.p
 ``--rounds 2``, ``--latency-chunks 6``, ``--chunks 1``, ``--redis-url URL``). It
 starts a private ``redis-server`` with no persistence on a free port (unless
 ``--redis-url`` is given) and two workers with identical settings (the same
-``celeryconfig`` dict: JSON, acks late, prefetch 1, track started, task events
+``celery_settings`` dict: JSON, acks late, prefetch 1, track started, task events
 on; prefork pool, concurrency 2, ``--loglevel WARNING --without-mingle
 --without-gossip``):
 
@@ -293,8 +293,8 @@ def skills_runner(url: str) -> Runner:
 
 
 def plain_runner(url: str) -> Runner:
-    # The app reads celeryconfig.settings_for(Settings.from_env()): the broker is in
-    # os.environ by now (main sets it before anything imports celeryconfig).
+    # The app reads celery_settings(Settings.from_env()) at import: the broker is in
+    # os.environ by now (main sets it before anything imports plain_tasks).
     from benchmarks import plain_tasks
 
     task = plain_tasks.noop
@@ -501,8 +501,8 @@ def run(args: argparse.Namespace, procs: Processes) -> bool:
         procs.redis.start()
         url = procs.redis.url
     redis_pid = procs.redis.proc.pid if procs.redis and procs.redis.proc else None
-    # Before anything imports celeryconfig: the same settings on every side, and no
-    # embedded broker folder created by accident.
+    # Before any settings are read: the same settings on every side, and no embedded
+    # broker folder created by accident.
     for name in [n for n in os.environ if n.startswith("CLEVERAGENTS_")]:
         del os.environ[name]
     os.environ["CLEVERAGENTS_BROKER_URL"] = url

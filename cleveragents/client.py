@@ -16,8 +16,8 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-import celeryconfig
 from cleveragents.batch.ledger import BatchLedger
+from cleveragents.celery_settings import celery_settings
 from cleveragents.constants import (
     QUEUE_BATCH,
     QUEUE_BATCH_WRITE,
@@ -27,10 +27,12 @@ from cleveragents.constants import (
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
+from cleveragents.embedded.folders import create_folders
 from cleveragents.results import ResultStore
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
+from cleveragents.signing import register_signing
 from cleveragents.skills import SkillResult
 from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
 
@@ -38,6 +40,10 @@ __all__ = ["InvocationHandle", "SkillClient"]
 
 #: Poll interval for result stores without push notifications (the embedded file store).
 POLL_INTERVAL_S = 0.02
+#: The longest poll interval of a long wait on such a store.
+MAX_POLL_INTERVAL_S = 0.25
+#: Reads of a result caught half written before it counts as not there yet.
+TORN_READS = 5
 #: How often a waiting client re-reads the store besides waiting for a notification.
 RECHECK_S = 2.0
 
@@ -62,7 +68,15 @@ class InvocationHandle:
 
 
 class SkillClient:
-    """Submit skill invocations to the workers and collect their results."""
+    """Submit skill invocations to the workers and collect their results.
+
+    With message signing configured (``CLEVERAGENTS_SIGNING_*``, docs/security.md)
+    every message it sends is signed with its key.
+
+    Raises:
+        ConfigurationError: on construction, when a setting in the environment is
+            invalid, or the signing key, certificate or store do not load.
+    """
 
     def __init__(
         self,
@@ -81,8 +95,11 @@ class SkillClient:
                 else base.result_backend,
             )
         self.settings = base
+        if base.signing is not None:  # before anything is created: a bad key is one error
+            register_signing(base.signing)
+        create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
-        self.app.conf.update(celeryconfig.settings_for(base))
+        self.app.conf.update(celery_settings(base))
 
     def close(self) -> None:
         """Release broker and backend connections."""
@@ -228,11 +245,19 @@ class SkillClient:
         return str(AsyncResult(request_id, app=self.app).state)
 
     def get(self, request_id: str) -> SkillResult | None:
-        """The stored result, or None while there is none."""
-        meta = self.app.backend.get_task_meta(request_id)
-        if meta.get("status") not in ("SUCCESS", "FAILURE"):
-            return None
-        return result_from_stored(meta.get("result"), request_id)
+        """The stored result, or None while there is none (or it is being written)."""
+        for attempt in range(TORN_READS):
+            try:
+                meta = self.app.backend.get_task_meta(request_id)
+            except ValueError:
+                # The file store writes a result in place: a read can catch it half
+                # written. Read again shortly; a result still torn counts as not there yet.
+                time.sleep(POLL_INTERVAL_S * (attempt + 1))
+                continue
+            if meta.get("status") not in ("SUCCESS", "FAILURE"):
+                return None
+            return result_from_stored(meta.get("result"), request_id)
+        return None
 
     def wait(
         self, request_id: str, timeout: float | None = None, *, pending: Any = None
@@ -243,6 +268,8 @@ class SkillClient:
             TimeoutError: no result within ``timeout`` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
+        interval = POLL_INTERVAL_S
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -250,20 +277,18 @@ class SkillClient:
             # Wait for Celery's notification, and re-read the store every few seconds:
             # the batch path stores results in bulk, without one.
             step = RECHECK_S if remaining is None else min(RECHECK_S, remaining)
-            handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
             try:
                 value = handle.get(
-                    timeout=step,
-                    propagate=False,
-                    interval=POLL_INTERVAL_S,
-                    disable_sync_subtasks=False,
+                    timeout=step, propagate=False, interval=interval, disable_sync_subtasks=False
                 )
             except CeleryTimeoutError:
                 found = self.get(request_id)
                 if found is not None:
                     return found
-                continue
             except ValueError:
-                continue  # a file store read mid-write: read it again
-            break
-        return result_from_stored(value, request_id)
+                # A file store read mid-write: read again after a pause, never at once.
+                time.sleep(min(interval, remaining or interval))
+            else:
+                return result_from_stored(value, request_id)
+            # A store without notifications is polled: the longer the wait, the calmer.
+            interval = min(interval * 2, MAX_POLL_INTERVAL_S)

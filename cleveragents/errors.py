@@ -12,6 +12,7 @@ stands for, so that ``map_tool_error`` never has to guess from message text::
     ├── SchemaValidationError (ValueError) validation_error
     ├── ToolActivationError                tool_activation_failure
     ├── ToolExecutionError                 tool_execution_failure
+    │   └── ToolTimedOut                   ... that outlived its timeout (reason "timeout")
     ├── WriteRefused (PermissionError)     permission_denied
     └── ConfigurationError                 bad settings or usage (never crosses the wire)
 """
@@ -33,6 +34,7 @@ __all__ = [
     "SkillResolutionError",
     "ToolActivationError",
     "ToolExecutionError",
+    "ToolTimedOut",
     "WriteRefused",
 ]
 
@@ -93,6 +95,23 @@ class ToolExecutionError(CleverAgentsError):
     """Raised when a tool fails while it runs (crash, exit code, time-out, bad output)."""
 
     error_type = SkillErrorType.TOOL_EXECUTION_FAILURE
+
+
+class ToolTimedOut(ToolExecutionError):
+    """Raised when a tool outlived its timeout: it was stopped, or its result came too late.
+
+    Every tool kind reports a time-out with this error, so that every kind's
+    time-out reads the same: ``details["reason"] == "timeout"`` and
+    ``details["timeout_s"]``, plus what the kind adds (a command's ``stderr_tail``).
+    """
+
+    def __init__(
+        self, tool: str, timeout_s: float, *, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(
+            f"tool {tool!r} timed out after {timeout_s:g}s and was stopped",
+            details={**(details or {}), "reason": "timeout", "timeout_s": timeout_s},
+        )
 
 
 class WriteRefused(CleverAgentsError, PermissionError):

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from cleveragents.errors import ConfigurationError
 
-__all__ = ["Settings", "bundled_examples_path"]
+__all__ = [
+    "SIGNING_VARIABLES",
+    "MessageSigning",
+    "Settings",
+    "bundled_examples_path",
+    "tool_kind_modules",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -47,6 +54,53 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def tool_kind_modules(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """CLEVERAGENTS_TOOL_KINDS: module names separated by ``os.pathsep`` or commas."""
+    raw = (os.environ if env is None else env).get("CLEVERAGENTS_TOOL_KINDS") or ""
+    return tuple(p.strip() for p in re.split(f"[{re.escape(os.pathsep)},]", raw) if p.strip())
+
+
+#: Message signing's settings: this process's key, its certificate, the trusted certificates.
+SIGNING_VARIABLES = (
+    "CLEVERAGENTS_SIGNING_KEY",
+    "CLEVERAGENTS_SIGNING_CERT",
+    "CLEVERAGENTS_SIGNING_CERT_STORE",
+)
+
+
+@dataclass(frozen=True)
+class MessageSigning:
+    """Where this process's signing key, its certificate and the trusted certificates are.
+
+    The store is a folder holding only PEM certificates, one PEM file, or a glob
+    (Celery's ``security_cert_store``); it holds every signer's certificate.
+    """
+
+    key: Path
+    certificate: Path
+    cert_store: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> MessageSigning | None:
+        """The three signing variables of ``env``, or None when none is set.
+
+        Raises:
+            ConfigurationError: only some of them are set.
+        """
+        values = [(env.get(name) or "").strip() for name in SIGNING_VARIABLES]
+        if not any(values):
+            return None
+        missing = [name for name, value in zip(SIGNING_VARIABLES, values, strict=True) if not value]
+        if missing:
+            raise ConfigurationError(
+                f"message signing needs all of {', '.join(SIGNING_VARIABLES)}; "
+                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set"
+            )
+        key, certificate, store = values
+        store = os.path.expanduser(store)  # a folder, a file or a glob
+        return cls(Path(key).expanduser(), Path(certificate).expanduser(), store)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting the library reads from the environment."""
@@ -60,9 +114,15 @@ class Settings:
     log_format: str
     visibility_timeout_s: float = 900.0
     result_expires_s: float = 7 * 24 * 3600.0
+    #: Modules that register tool kinds, imported before the catalogue loads.
+    tool_kinds: tuple[str, ...] = ()
     #: Whether broadcast commands that change a worker (shutdown, pool_restart,
     #: add_consumer, ...) are obeyed; inspection and events always work.
     remote_control: bool = False
+    #: No invocation's timeout goes past this, whatever the request asks.
+    max_timeout_s: float = 3600.0
+    #: Sign task messages and accept only signed ones (docs/security.md); None: plain JSON.
+    signing: MessageSigning | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -91,7 +151,10 @@ class Settings:
             log_format=log_format,
             visibility_timeout_s=_positive_float(env, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S", 900.0),
             result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
+            tool_kinds=tool_kind_modules(env),
             remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
+            max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
+            signing=MessageSigning.from_env(env),
         )
 
     @property

@@ -39,6 +39,7 @@ def run_request(body: Any, before_write: BeforeWrite | None = None) -> SkillResu
         current.catalogue,
         read_only=current.settings.read_only,
         default_timeout_s=current.settings.default_timeout_s,
+        max_timeout_s=current.settings.max_timeout_s,
         before_write=before_write,
     )
 

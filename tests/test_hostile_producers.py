@@ -265,3 +265,47 @@ def test_remote_control_can_be_turned_on(
     worker = start_worker(redis_url, CLEVERAGENTS_REMOTE_CONTROL="1")
     client.app.control.broadcast("shutdown")
     wait_until(lambda: not worker.alive(), 30, "the worker to stop")
+
+
+def test_a_requests_timeout_never_goes_past_the_workers_maximum(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    # Given a worker whose maximum is 1 s, and a request asking for a billion seconds
+    start_worker(redis_url, CLEVERAGENTS_MAX_TIMEOUT_S="1")
+    started = time.monotonic()
+    handle = client.submit("test/hostile", "test/sleep-with", {"seconds": 20}, timeout_s=1e9)
+
+    # Then the tool is stopped at the worker's maximum
+    result = handle.result(timeout=60)
+    assert result.error is not None
+    assert result.error.details.get("reason") == "timeout"
+    assert result.error.details.get("timeout_s") == 1
+    assert time.monotonic() - started < 15
+
+
+def test_a_raw_message_cannot_link_another_invocation(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, tmp_path: Path
+) -> None:
+    # Given a read request whose options link a write invocation as its callback
+    start_worker(redis_url)
+    target = tmp_path / "linked-write.txt"
+    linked = f"linked-{uuid.uuid4()}"
+    callback = {
+        "task": TASK_INVOKE,
+        "args": [{"skill": "test/basic", "tool": "test/count-write",
+                  "arguments": {"path": str(target)}, "allow_writes": True}],
+        "kwargs": {}, "options": {"task_id": linked, "queue": "skills.write"},
+        "subtask_type": None, "immutable": True,
+    }
+    task_id = f"linking-{uuid.uuid4()}"
+    body = json.dumps([
+        [{"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": "x"}}],
+        {}, {"callbacks": [callback], "errbacks": [callback], "chain": None, "chord": None},
+    ]).encode()
+    _publish(redis_url, body, _task_headers(task_id))
+
+    # Then the request runs, and nothing linked to it is ever sent
+    assert client.wait(task_id, timeout=60).success
+    time.sleep(3)
+    assert client.get(linked) is None
+    assert not target.exists()

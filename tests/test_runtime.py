@@ -922,3 +922,13 @@ def test_threads_ending_at_their_deadline_neither_deadlock_nor_leave_interruptio
     assert not any(t.is_alive() for t in threads), "timed invocations deadlocked"
     assert sum(strays for _, strays in outcomes) == 0
     assert sum(timeouts for timeouts, _ in outcomes) > 0
+
+
+
+def test_no_timeout_goes_past_the_maximum() -> None:
+    req = SkillInvocationRequest(skill=SKILL, tool="test/t", timeout_s=1e9)
+
+    assert effective_timeout(_entry(None), req, 300.0) == 3600.0
+    assert effective_timeout(_entry(None), req, 300.0, 5.0) == 5.0
+    unset = req.model_copy(update={"timeout_s": None})
+    assert effective_timeout(_entry(None), unset, 9e9, 5.0) == 5.0

@@ -1,29 +1,28 @@
 """The Celery application: ``celery -A worker worker`` starts a skill worker.
 
-Settings come from ``celeryconfig`` (the environment). The catalogue is loaded
-and resolved once per worker process, at start-up (``worker.state``).
+Settings come from ``celeryconfig`` (the environment), read when the app first
+needs them. Folders, patches of third-party internals and the catalogue are set up
+when a worker starts (``worker.signals``), never at import and never in Flower's
+or another command's process. Two things are not: Flower's default columns
+(``worker.flower_columns``), set at import since Flower can only take them from
+the environment, and message signing (``worker.signing``), turned on when the
+configuration is read in every process of the app, since remote control is signed
+too.
 """
 
 from __future__ import annotations
 
-import os
-
 from celery import Celery
+
+from worker import flower_columns, signing
 
 __all__ = ["app"]
 
-# `celery -A worker flower` imports this module before Flower reads its FLOWER_*
-# settings: by default its tasks page shows the (redacted) arguments, which name the
-# skill and tool, and the result or error of each invocation.
-os.environ.setdefault(
-    "FLOWER_TASKS_COLUMNS", "name,uuid,state,args,result,exception,received,runtime,worker"
-)
-
-from worker import kombu_fix
-
-kombu_fix.install()
+flower_columns.set_default()
 
 app = Celery("cleveragents", include=["tasks.invoke", "tasks.batch"])
 app.config_from_object("celeryconfig")
+# Message signing, when configured, in every process that reads the configuration.
+app.on_after_configure.connect(signing.sign_when_configured, weak=False)
 
 from worker import signals as _signals  # noqa: E402,F401  (connects start-up hooks)

@@ -1,4 +1,8 @@
-"""Worker start-up hooks: load the catalogue before serving, announce readiness."""
+"""Worker start-up hooks: prepare folders, apply patches, load the catalogue, announce readiness.
+
+They run in a starting worker only: importing this module (Flower does) connects
+them and changes nothing else.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +11,46 @@ import os
 from pathlib import Path
 from typing import Any
 
-from celery.app import trace
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    celeryd_after_setup,
     worker_init,
     worker_process_init,
     worker_ready,
 )
 
+from cleveragents.embedded.folders import create_folders
+from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
 from cleveragents.settings import Settings
-from worker import state
+from worker import patches, state
 
-# Celery logs a task's return value when it succeeds; ours holds the tool's output,
-# which stays out of logs (docs/guarantees.md). The id, name and runtime remain.
-trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+log = logging.getLogger("cleveragents.worker")
+#: What the start-up did, as (level, message): logged once Celery has set up logging.
+_start_notes: list[tuple[int, str]] = []
 
 
 @worker_init.connect
-def _load_in_parent(**_: Any) -> None:
-    # Load (and log problems) once in the parent, before the pool forks: children
-    # inherit the resolved catalogue.
-    state.current()
+def _start_worker(**_: Any) -> None:
+    # Before the pool forks, so children inherit all of it. Celery logs and ignores
+    # an exception of a signal handler: a worker that cannot run exits instead, in one
+    # line (a bad setting, a CLEVERAGENTS_TOOL_KINDS module that cannot load).
+    try:
+        settings = Settings.from_env()
+        _start_notes.extend(patches.apply_all())
+        create_folders(settings)  # the embedded broker's and the file result store's
+        # Load (and log problems) once in the parent: children inherit the catalogue.
+        state.current()
+    except ConfigurationError as exc:
+        logging.getLogger("cleveragents.worker").critical("cannot start: %s", exc)
+        raise SystemExit(2) from None
+
+
+@celeryd_after_setup.connect
+def _log_start(**_: Any) -> None:
+    for level, message in _start_notes:
+        log.log(level, message)
 
 
 @worker_process_init.connect

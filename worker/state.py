@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cleveragents.guard import Guard, guard_for
+from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 
@@ -40,8 +41,13 @@ def guard(backend: Any) -> Guard:
 
 
 def load() -> WorkerState:
-    """Load the catalogue from the settings' paths; log every problem, serve the rest."""
+    """Load the catalogue from the settings' paths; log every problem, serve the rest.
+
+    Raises:
+        ConfigurationError: a module of CLEVERAGENTS_TOOL_KINDS cannot be loaded.
+    """
     settings = Settings.from_env()
+    load_tool_kinds(settings.tool_kinds)  # before the catalogue: its files may use them
     catalogue = Catalogue.from_paths(*settings.catalogue_paths)
     for problem in catalogue.errors:
         log.error("catalogue problem: %s", problem)

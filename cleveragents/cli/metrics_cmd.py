@@ -24,7 +24,12 @@ def _redis(settings: Settings) -> Any:
 
 @click.command()
 @click.option("--port", default=9808, show_default=True, help="Port to serve /metrics on.")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0 to serve other machines, e.g. in a container).",
+)
 @click.option("--once", is_flag=True, help="Print the metrics once and exit.")
 def metrics(port: int, host: str, once: bool) -> None:
     """Export queue lengths, oldest waiting ages, invocations and durations for Prometheus."""

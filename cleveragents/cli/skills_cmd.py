@@ -11,8 +11,9 @@ from rich.table import Table
 from cleveragents.cli.render import CliFailure, console, err_console, print_json
 from cleveragents.error_types import SkillErrorType
 from cleveragents.errors import SkillNotFoundError, SkillResolutionError
+from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.runtime.validation import schema_problem
-from cleveragents.settings import Settings
+from cleveragents.settings import Settings, tool_kind_modules
 from cleveragents.skills import Catalogue, CatalogueProblem, SkillDefinition
 from cleveragents.skills.mcp import export_catalogue
 
@@ -20,6 +21,8 @@ __all__ = ["skills"]
 
 
 def _load(paths: tuple[str, ...]) -> Catalogue:
+    # Plugin kinds first: the catalogue's files may use them (a bad module: exit 2).
+    load_tool_kinds(tool_kind_modules())
     return Catalogue.from_paths(*(paths or Settings.from_env().catalogue_paths))
 
 

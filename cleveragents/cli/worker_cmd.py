@@ -8,6 +8,8 @@ import sys
 import click
 
 from cleveragents.embedded.runner import worker_command
+from cleveragents.settings import Settings
+from cleveragents.signing import check_signing
 
 __all__ = ["worker"]
 
@@ -20,7 +22,8 @@ __all__ = ["worker"]
 def worker(celery_options: tuple[str, ...]) -> None:
     """Start a worker; every option is passed to `celery -A worker worker`.
 
-    `--log-format json` (ours) makes every log line one JSON object.
+    `--log-format json` (ours) makes every log line one JSON object. Without
+    `--loglevel` the worker logs at INFO, which includes one line per invocation.
     """
     options = list(celery_options)
     for i, option in enumerate(options):
@@ -32,6 +35,12 @@ def worker(celery_options: tuple[str, ...]) -> None:
             os.environ["CLEVERAGENTS_LOG_FORMAT"] = option.split("=", 1)[1]
             del options[i]
             break
+    settings = Settings.from_env()  # a bad setting: one line and exit 2 here, not a failed start
+    if settings.signing is not None:
+        check_signing(settings.signing)  # and so is a signing key that does not load
+    if not any(o in ("-l", "--loglevel") or o.startswith("--loglevel=") for o in options):
+        # Celery's default (WARNING) hides the one line per invocation (docs/operations.md).
+        options = ["--loglevel", "INFO", *options]
     command = worker_command(*options)
     sys.stdout.flush()
     os.execv(command[0], command)

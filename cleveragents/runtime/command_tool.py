@@ -1,9 +1,12 @@
-"""Command tools: argv from the catalogue, JSON on stdin, one JSON value on stdout.
+"""The ``command`` tool kind: argv from the catalogue, JSON on stdin, one JSON value on stdout.
 
 No shell is involved: the arguments travel on stdin only, so nothing in them can
 reach a command line. The tool runs in its own process group, which is killed
 whole on time-out. It gets a minimal environment (no worker secrets) plus the
-variables its spec passes through by name.
+variables its spec passes through by name. This module turns what can go
+wrong into the library's errors: a program that cannot start
+(``ToolActivationError``), a time-out (``ToolTimedOut``), a non-zero exit or
+stdout that is not JSON (``ToolExecutionError``).
 """
 
 from __future__ import annotations
@@ -15,26 +18,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cleveragents.constants import STDERR_TAIL_CHARS
-from cleveragents.errors import ToolActivationError, ToolExecutionError
+from cleveragents.errors import ToolActivationError, ToolExecutionError, ToolTimedOut
+from cleveragents.runtime.output import ToolOutput
 from cleveragents.skills import ToolSpec
 
-__all__ = ["BASE_ENV", "CommandOutcome", "run_command_tool"]
+__all__ = ["BASE_ENV", "KIND", "CommandKind", "run_command_tool"]
 
 #: Variables every command tool gets from the worker: enough to find programs and run Python.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
-
-
-@dataclass(frozen=True)
-class CommandOutcome:
-    """A command tool's parsed stdout and the resource changes it reported."""
-
-    data: Any
-    resource_changes: list[dict[str, Any]]
 
 
 def _environment(tool: ToolSpec, changes_file: str) -> dict[str, str]:
@@ -73,67 +68,100 @@ def _read_changes(path: Path) -> list[dict[str, Any]]:
     return changes
 
 
-def run_command_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> CommandOutcome:
+def _start(tool: ToolSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # its own process group: killed whole on time-out
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise ToolActivationError(
+            f"tool activation failed for {tool.name!r}: cannot start {argv[0]!r}: {exc}",
+            details={"command": argv},
+        ) from None
+
+
+def _communicate(
+    tool: ToolSpec, proc: subprocess.Popen[bytes], payload: bytes, timeout_s: float
+) -> tuple[bytes, bytes]:
+    """Feed stdin, collect stdout and stderr; kill the process group at the timeout."""
+    try:
+        return proc.communicate(payload, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        _, stderr = proc.communicate()
+        raise ToolTimedOut(
+            tool.name,
+            timeout_s,
+            details={"exit_code": proc.returncode, "stderr_tail": _tail(stderr)},
+        ) from None
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        _kill_group(proc)  # children it left behind go with it
+
+
+def _parse_stdout(tool: ToolSpec, returncode: int, stdout: bytes, stderr: bytes) -> Any:
+    """The one JSON value the tool printed, once it exited 0."""
+    if returncode != 0:
+        raise ToolExecutionError(
+            f"tool {tool.name!r} exited with code {returncode}",
+            details={"exit_code": returncode, "stderr_tail": _tail(stderr)},
+        )
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        raise ToolExecutionError(
+            f"tool {tool.name!r} did not print one JSON value on stdout",
+            details={
+                "exit_code": returncode,
+                "stderr_tail": _tail(stderr),
+                "stdout_head": stdout[:200].decode("utf-8", errors="replace"),
+            },
+        ) from None
+
+
+def run_command_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> ToolOutput:
     """Run the tool's command with the arguments as JSON on stdin.
 
     Raises:
         ToolActivationError: the program cannot be started.
-        ToolExecutionError: non-zero exit, time-out, or stdout that is not one JSON value;
+        ToolTimedOut: it outlived ``timeout_s``; its process group was killed.
+        ToolExecutionError: non-zero exit, or stdout that is not one JSON value;
             details carry ``exit_code`` and ``stderr_tail``.
     """
     argv = list(tool.command or [])
     payload = json.dumps(arguments).encode()
     with tempfile.TemporaryDirectory(prefix="cleveragents-") as scratch:
         changes_path = Path(scratch) / "resource-changes.jsonl"
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=_environment(tool, str(changes_path)),
-                start_new_session=True,  # its own process group: killed whole on time-out
-                close_fds=True,
+        proc = _start(tool, argv, _environment(tool, str(changes_path)))
+        stdout, stderr = _communicate(tool, proc, payload, timeout_s)
+        data = _parse_stdout(tool, proc.returncode, stdout, stderr)
+        return ToolOutput(data, _read_changes(changes_path))
+
+
+class CommandKind:
+    """Tools that are programs, run without a shell (``source: command``)."""
+
+    def check(self, tool: ToolSpec) -> None:
+        """A command tool needs ``command``, a non-empty argv, and no ``entrypoint``."""
+        if not tool.command or not all(isinstance(a, str) and a for a in tool.command):
+            raise ValueError(
+                f"command tool {tool.name!r} needs command: a non-empty list of strings"
             )
-        except OSError as exc:
-            raise ToolActivationError(
-                f"tool activation failed for {tool.name!r}: cannot start {argv[0]!r}: {exc}",
-                details={"command": argv},
-            ) from None
-        try:
-            stdout, stderr = proc.communicate(payload, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            stdout, stderr = proc.communicate()
-            raise ToolExecutionError(
-                f"tool {tool.name!r} timed out after {timeout_s:g}s and was killed",
-                details={
-                    "timeout_s": timeout_s,
-                    "exit_code": proc.returncode,
-                    "stderr_tail": _tail(stderr),
-                    "reason": "timeout",
-                },
-            ) from None
-        except BaseException:
-            _kill_group(proc)
-            proc.wait()
-            raise
-        finally:
-            _kill_group(proc)  # children it left behind go with it
-        if proc.returncode != 0:
-            raise ToolExecutionError(
-                f"tool {tool.name!r} exited with code {proc.returncode}",
-                details={"exit_code": proc.returncode, "stderr_tail": _tail(stderr)},
-            )
-        try:
-            data = json.loads(stdout)
-        except ValueError:
-            raise ToolExecutionError(
-                f"tool {tool.name!r} did not print one JSON value on stdout",
-                details={
-                    "exit_code": proc.returncode,
-                    "stderr_tail": _tail(stderr),
-                    "stdout_head": stdout[:200].decode("utf-8", errors="replace"),
-                },
-            ) from None
-        return CommandOutcome(data, _read_changes(changes_path))
+        if tool.entrypoint is not None:
+            raise ValueError(f"command tool {tool.name!r} must not set entrypoint")
+
+    #: Run the command; see ``run_command_tool``.
+    run = staticmethod(run_command_tool)
+
+
+#: The registered ``command`` kind.
+KIND = CommandKind()

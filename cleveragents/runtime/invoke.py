@@ -11,13 +11,12 @@ from pydantic import ValidationError
 
 from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import SchemaValidationError, ToolActivationError, ToolExecutionError
+from cleveragents.errors import SchemaValidationError, ToolExecutionError
 from cleveragents.outcomes import failed_result, failed_with, names_of
-from cleveragents.runtime.command_tool import run_command_tool
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
+from cleveragents.runtime.kinds import run_tool
 from cleveragents.runtime.output import ToolOutput
-from cleveragents.runtime.python_tool import run_python_tool
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.runtime.validation import validate
 from cleveragents.skills import (
@@ -34,6 +33,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "BeforeWrite", "effective_timeout", "invoke", "p
 
 #: A tool's timeout when neither the tool nor the request sets one (CLEVERAGENTS_DEFAULT_TIMEOUT_S).
 DEFAULT_TIMEOUT_S = 300.0
+#: No invocation's timeout goes past this, whatever the request says (CLEVERAGENTS_MAX_TIMEOUT_S).
+MAX_TIMEOUT_S = 3600.0
 #: A hook called right before a write-capable, non-idempotent tool starts.
 BeforeWrite = Callable[[SkillInvocationRequest, ToolSpec, float], None]
 _ACTIONS = frozenset({"created", "changed", "deleted"})
@@ -101,11 +102,17 @@ def parse_request(
 
 
 def effective_timeout(
-    entry: ResolvedToolEntry, request: SkillInvocationRequest, default: float
+    entry: ResolvedToolEntry,
+    request: SkillInvocationRequest,
+    default: float,
+    maximum: float = MAX_TIMEOUT_S,
 ) -> float:
-    """The smaller of the tool's and the request's timeouts, where given, else ``default``."""
+    """The smaller of the tool's and the request's timeouts, where given, else ``default``.
+
+    Never more than ``maximum``: a producer does not set the worker's clock.
+    """
     given = [t for t in (entry.tool.timeout_s, request.timeout_s) if t is not None]
-    return min(given) if given else default
+    return min(min(given) if given else default, maximum)
 
 
 def _check_changes(changes: Any) -> list[dict[str, Any]]:
@@ -123,35 +130,7 @@ def _check_changes(changes: Any) -> list[dict[str, Any]]:
 def _run(
     entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float
 ) -> tuple[Any, list[dict[str, Any]]]:
-    tool = entry.tool
-    if tool.source == "command":
-        outcome = run_command_tool(tool, arguments, timeout_s)
-        return outcome.data, _check_changes(outcome.resource_changes)
-    try:
-        value = run_python_tool(tool, arguments, timeout_s)
-    except ToolTimeout:
-        raise ToolExecutionError(
-            f"tool {tool.name!r} timed out after {timeout_s:g}s and was stopped",
-            details={"timeout_s": timeout_s, "reason": "timeout", "exception_type": "ToolTimeout"},
-        ) from None
-    except PermissionError:
-        raise
-    except SystemExit as exc:
-        raise ToolExecutionError(
-            f"tool {tool.name!r} called sys.exit({exc.code!r})",
-            details={
-                "exit_code": exc.code if isinstance(exc.code, int) else None,
-                "exception_type": type(exc).__name__,
-            },
-        ) from None
-    except (ToolActivationError, ToolExecutionError, SchemaValidationError):
-        raise
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # Exception, or e.g. asyncio.CancelledError: the tool's own
-        raise ToolExecutionError(
-            f"{type(exc).__name__}: {exc}", details={"exception_type": type(exc).__name__}
-        ) from exc
+    value = run_tool(entry.tool, arguments, timeout_s)
     if isinstance(value, ToolOutput):
         return value.data, _check_changes(value.resource_changes)
     return value, []
@@ -184,6 +163,7 @@ def _execute(
     *,
     read_only: bool,
     default_timeout_s: float,
+    max_timeout_s: float,
     before_write: BeforeWrite | None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     tool = entry.tool
@@ -192,7 +172,7 @@ def _execute(
     validate(
         definition.input_schema, request.arguments, root="arguments", source="skill input_schema"
     )
-    timeout_s = effective_timeout(entry, request, default_timeout_s)
+    timeout_s = effective_timeout(entry, request, default_timeout_s, max_timeout_s)
     if before_write is not None and tool.write_capable and not tool.idempotent:
         before_write(request, tool, timeout_s)
     data, changes = _run(entry, request.arguments, timeout_s)
@@ -210,13 +190,15 @@ def invoke(
     *,
     read_only: bool = False,
     default_timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_timeout_s: float = MAX_TIMEOUT_S,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     before_write: BeforeWrite | None = None,
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
 
     Order: resolve the skill, find the tool, apply the write gates, validate the
-    arguments, run the tool (stopped at its timeout), validate the output.
+    arguments, run the tool (stopped at its timeout, never more than ``max_timeout_s``),
+    validate the output.
     ``before_write(request, tool, timeout_s)`` is called right before a
     write-capable tool that is not idempotent starts; what it raises becomes the
     result, and the tool does not start (the worker's at-most-once claim).
@@ -237,6 +219,7 @@ def invoke(
             parsed,
             read_only=read_only,
             default_timeout_s=default_timeout_s,
+            max_timeout_s=max_timeout_s,
             before_write=before_write,
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult

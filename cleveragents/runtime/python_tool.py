@@ -1,18 +1,34 @@
-"""Python tools: ``module:function`` from the catalogue, imported once per process."""
+"""The ``python`` tool kind: ``module:function`` from the catalogue, imported once per process.
+
+The tool runs in the worker process, interrupted at its timeout (``deadline``).
+This module turns whatever the tool raises into the library's errors: a
+time-out into ``ToolTimedOut``, ``sys.exit`` and the tool's own exceptions into
+``ToolExecutionError`` (the class name in ``details["exception_type"]``); a
+``PermissionError`` passes through as ``permission_denied``.
+"""
 
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from cleveragents.errors import ToolActivationError
-from cleveragents.runtime.deadline import call_with_deadline
+from cleveragents.errors import (
+    SchemaValidationError,
+    ToolActivationError,
+    ToolExecutionError,
+    ToolTimedOut,
+)
+from cleveragents.runtime.deadline import ToolTimeout, call_with_deadline
 from cleveragents.skills import ToolSpec
 
-__all__ = ["activate", "run_python_tool"]
+__all__ = ["KIND", "PythonKind", "activate", "run_python_tool"]
 
+_ENTRYPOINT_RE = re.compile(
+    r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$"
+)
 _functions: dict[str, Callable[..., Any]] = {}
 _lock = threading.Lock()
 
@@ -55,8 +71,49 @@ def run_python_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float)
 
     Raises:
         ToolActivationError: see ``activate``.
-        ToolTimeout: the tool ran out of time (it has been stopped).
-        BaseException: whatever the tool raised.
+        ToolTimedOut: the tool ran out of time (it has been stopped).
+        ToolExecutionError: the tool raised, or called ``sys.exit``.
+        PermissionError: the tool's own, which is ``permission_denied``.
     """
     fn = activate(tool)
-    return call_with_deadline(fn, timeout_s, **arguments)
+    try:
+        return call_with_deadline(fn, timeout_s, **arguments)
+    except ToolTimeout:
+        raise ToolTimedOut(tool.name, timeout_s) from None
+    except (PermissionError, ToolActivationError, ToolExecutionError, SchemaValidationError):
+        raise  # already what the runtime reports (library errors raised by a tool included)
+    except SystemExit as exc:
+        raise ToolExecutionError(
+            f"tool {tool.name!r} called sys.exit({exc.code!r})",
+            details={
+                "exit_code": exc.code if isinstance(exc.code, int) else None,
+                "exception_type": type(exc).__name__,
+            },
+        ) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # Exception, or e.g. asyncio.CancelledError: the tool's own
+        raise ToolExecutionError(
+            f"{type(exc).__name__}: {exc}", details={"exception_type": type(exc).__name__}
+        ) from exc
+
+
+class PythonKind:
+    """Tools that are Python functions, run in the worker process (``source: python``)."""
+
+    def check(self, tool: ToolSpec) -> None:
+        """A python tool needs ``entrypoint: module:function`` and no ``command``."""
+        if not tool.entrypoint or not _ENTRYPOINT_RE.match(tool.entrypoint):
+            raise ValueError(
+                f"python tool {tool.name!r} needs entrypoint 'module:function', "
+                f"got {tool.entrypoint!r}"
+            )
+        if tool.command is not None:
+            raise ValueError(f"python tool {tool.name!r} must not set command")
+
+    #: Call the tool's function (no extra frame: this is every python invocation's path).
+    run = staticmethod(run_python_tool)
+
+
+#: The registered ``python`` kind.
+KIND = PythonKind()

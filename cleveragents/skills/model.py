@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cleveragents.skills import kinds
 
 __all__ = [
     "NAME_PATTERN",
@@ -18,9 +20,6 @@ __all__ = [
 #: A namespaced name: ``ns/name`` (more segments allowed, ``org/team/name``).
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)+$"
 _NAME_RE = re.compile(NAME_PATTERN)
-_ENTRYPOINT_RE = re.compile(
-    r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$"
-)
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -33,13 +32,19 @@ def _check_name(value: str, what: str) -> str:
 
 
 class ToolSpec(BaseModel):
-    """One tool: where its code lives, what it may touch, and its schemas."""
+    """One tool: which kind runs it, what it may touch, and its schemas.
+
+    ``source`` names a registered tool kind (``python``, ``command``, or one a
+    plugin added, ``cleveragents.runtime.register_tool_kind``); the kind checks
+    the fields it needs. ``options`` holds a kind's own settings: the keys it
+    declares may also be written beside the common ones in a skill file.
+    """
 
     model_config = _FROZEN
 
     name: str
     description: str = ""
-    source: Literal["python", "command"]
+    source: str
     entrypoint: str | None = None
     command: list[str] | None = None
     writes: bool = False
@@ -50,11 +55,43 @@ class ToolSpec(BaseModel):
     output_schema: dict[str, Any] | None = None
     #: Environment variables a command tool receives from the worker, by name.
     pass_env: list[str] = Field(default_factory=list)
+    #: Kind-specific settings (an ``mcp`` tool's ``server`` and ``remote_tool``).
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_options(cls, data: Any) -> Any:
+        # A kind's own keys sit beside the common ones in a file (SPEC: `server:`);
+        # they are kept in `options`, so the model needs no field per kind.
+        if not isinstance(data, dict) or not isinstance(data.get("source"), str):
+            return data
+        if not kinds.is_known(data["source"]):
+            return data
+        own = kinds.option_fields(data["source"]) & data.keys()
+        if not own:
+            return data
+        options = data.get("options") or {}
+        if not isinstance(options, dict):
+            return data  # the field's own validation reports it
+        twice = sorted(own & options.keys())
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given both as a key and in options")
+        rest = {k: v for k, v in data.items() if k not in own}
+        return {**rest, "options": {**options, **{k: data[k] for k in own}}}
 
     @field_validator("name")
     @classmethod
     def _namespaced(cls, value: str) -> str:
         return _check_name(value, "tool")
+
+    @field_validator("source")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if not kinds.is_known(value):
+            raise ValueError(
+                f"unknown tool source {value!r}; known: {', '.join(kinds.kind_names())}"
+            )
+        return value
 
     @field_validator("pass_env")
     @classmethod
@@ -65,22 +102,8 @@ class ToolSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _source_fields(self) -> ToolSpec:
-        if self.source == "python":
-            if not self.entrypoint or not _ENTRYPOINT_RE.match(self.entrypoint):
-                raise ValueError(
-                    f"python tool {self.name!r} needs entrypoint 'module:function', "
-                    f"got {self.entrypoint!r}"
-                )
-            if self.command is not None:
-                raise ValueError(f"python tool {self.name!r} must not set command")
-        else:
-            if not self.command or not all(isinstance(a, str) and a for a in self.command):
-                raise ValueError(
-                    f"command tool {self.name!r} needs command: a non-empty list of strings"
-                )
-            if self.entrypoint is not None:
-                raise ValueError(f"command tool {self.name!r} must not set entrypoint")
+    def _kind_fields(self) -> ToolSpec:
+        kinds.check_tool(self)
         return self
 
     @property

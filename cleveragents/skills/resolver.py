@@ -34,46 +34,7 @@ def resolve_skill(name: str, skills: Mapping[str, Skill]) -> SkillDefinition:
     root = skills.get(name)
     if root is None:
         raise SkillNotFoundError(f"skill not found: {name}", details={"skill": name})
-
-    entries: list[ResolvedToolEntry] = []
-    by_name: dict[str, ResolvedToolEntry] = {}
-    visited: set[str] = set()
-
-    def add_tools(skill: Skill, via: list[str]) -> None:
-        for tool in skill.tools:
-            seen = by_name.get(tool.name)
-            if seen is None:
-                entry = ResolvedToolEntry(tool=tool, source_skill=skill.name, via=list(via))
-                by_name[tool.name] = entry
-                entries.append(entry)
-            elif seen.tool != tool:
-                raise ResolutionFailure(
-                    f"skill {name!r} reaches two different tools named {tool.name!r} "
-                    f"(in {seen.source_skill!r} and {skill.name!r})",
-                    details={"tool": tool.name, "skills": [seen.source_skill, skill.name]},
-                )
-
-    def walk(skill: Skill, path: list[str], via: list[str]) -> None:
-        visited.add(skill.name)
-        add_tools(skill, via)
-        for include in skill.includes:
-            if include in path:
-                cycle = [*path[path.index(include) :], include]
-                raise IncludeCycleError(
-                    f"include cycle detected: {' -> '.join(cycle)}",
-                    details={"cycle": cycle},
-                )
-            if include in visited:
-                continue  # a diamond: its tools are already in
-            child = skills.get(include)
-            if child is None:
-                raise ResolutionFailure(
-                    f"skill {skill.name!r} includes {include!r}, which is not in the catalogue",
-                    details={"skill": skill.name, "missing_include": include},
-                )
-            walk(child, [*path, include], [*via, include])
-
-    walk(root, [name], [])
+    entries = _Flattening(name, skills).run(root)
     _check_read_only(root, entries)
     return SkillDefinition(
         skill=root,
@@ -82,6 +43,56 @@ def resolve_skill(name: str, skills: Mapping[str, Skill]) -> SkillDefinition:
         input_schema=root.input_schema,
         output_schema=root.output_schema,
     )
+
+
+class _Flattening:
+    """One resolution of skill ``name``: the tools reached so far and the skills visited."""
+
+    def __init__(self, name: str, skills: Mapping[str, Skill]) -> None:
+        self._name = name
+        self._skills = skills
+        self._entries: list[ResolvedToolEntry] = []
+        self._by_name: dict[str, ResolvedToolEntry] = {}
+        self._visited: set[str] = set()
+
+    def run(self, root: Skill) -> list[ResolvedToolEntry]:
+        """The root's tools, then each include's, depth first; each tool once."""
+        self._walk(root, [self._name], [])
+        return self._entries
+
+    def _add_tools(self, skill: Skill, via: list[str]) -> None:
+        for tool in skill.tools:
+            seen = self._by_name.get(tool.name)
+            if seen is None:
+                entry = ResolvedToolEntry(tool=tool, source_skill=skill.name, via=list(via))
+                self._by_name[tool.name] = entry
+                self._entries.append(entry)
+            elif seen.tool != tool:
+                raise ResolutionFailure(
+                    f"skill {self._name!r} reaches two different tools named {tool.name!r} "
+                    f"(in {seen.source_skill!r} and {skill.name!r})",
+                    details={"tool": tool.name, "skills": [seen.source_skill, skill.name]},
+                )
+
+    def _walk(self, skill: Skill, path: list[str], via: list[str]) -> None:
+        self._visited.add(skill.name)
+        self._add_tools(skill, via)
+        for include in skill.includes:
+            if include in path:
+                cycle = [*path[path.index(include) :], include]
+                raise IncludeCycleError(
+                    f"include cycle detected: {' -> '.join(cycle)}",
+                    details={"cycle": cycle},
+                )
+            if include in self._visited:
+                continue  # a diamond: its tools are already in
+            child = self._skills.get(include)
+            if child is None:
+                raise ResolutionFailure(
+                    f"skill {skill.name!r} includes {include!r}, which is not in the catalogue",
+                    details={"skill": skill.name, "missing_include": include},
+                )
+            self._walk(child, [*path, include], [*via, include])
 
 
 def _check_read_only(skill: Skill, entries: list[ResolvedToolEntry]) -> None:

@@ -1,0 +1,203 @@
+"""The Celery settings of a ``Settings`` (SPEC section 7), each commented with why.
+
+``celery_settings`` is pure: it creates no folder and changes no global. The worker
+app applies it through ``celeryconfig``; a producer's ``SkillClient`` applies it to
+its own app. The folders it names are created by ``embedded.folders.create_folders``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu import Exchange, Queue
+
+from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
+from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
+from cleveragents.settings import MessageSigning, Settings
+from cleveragents.signing import DIGEST, SIGNED_SERIALIZER
+
+__all__ = ["EMBEDDED_SCHEME", "EMBEDDED_TRANSPORT", "celery_settings"]
+
+#: URL scheme of the embedded on-disk broker.
+EMBEDDED_SCHEME = "cleveragentsfs"
+#: The embedded broker's kombu transport, named by its class path.
+EMBEDDED_TRANSPORT = "cleveragents.embedded.transport:Transport"
+
+
+def celery_settings(settings: Settings) -> dict[str, Any]:
+    """The Celery settings for ``settings``, as a dict of lower-case Celery names."""
+    transport = _embedded(settings) if settings.embedded else _server(settings)
+    return {**_common(settings), **transport}
+
+
+def _embedded(settings: Settings) -> dict[str, Any]:
+    folders = EmbeddedFolders.under(settings.home)
+    return {
+        "broker_url": f"{EMBEDDED_SCHEME}://",
+        # kombu's filesystem transport with atomic writes (cleveragents/embedded/
+        # transport.py), given by class path: kombu's global table of transport
+        # aliases stays as kombu shipped it.
+        "broker_transport": EMBEDDED_TRANSPORT,
+        "result_backend": settings.result_backend or folders.results_url,
+        "broker_transport_options": {
+            # One folder in and out: producer and worker are on one machine.
+            "data_folder_in": str(folders.queue),
+            "data_folder_out": str(folders.queue),
+            "control_folder": str(folders.control),
+            # 50 ms instead of kombu's 1 s default: round trips of ~50 ms, not ~1 s.
+            "polling_interval": 0.05,
+        },
+        # The filesystem transport keeps an event file per event until a monitor
+        # reads it, and no Flower watches the embedded default: no events there.
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        # Broadcast (remote control, mingle, gossip) writes into the control folder
+        # of every worker for ever; the embedded default has one local worker.
+        "worker_enable_remote_control": False,
+    }
+
+
+def _server(settings: Settings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.broker_url or "",
+        "result_backend": settings.result_backend or _default_backend(settings),
+        "broker_transport_options": _redis_transport_options(settings),
+        # Flower and `celery events` show every invocation: events on, and a
+        # "sent" event so a waiting invocation is visible before a worker takes it.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+    }
+
+
+def _default_backend(settings: Settings) -> str:
+    # Results go to the broker's Redis; with another broker (RabbitMQ) and no backend
+    # configured, to the embedded on-disk store (one machine), as SPEC section 7 says.
+    if uses_redis(settings):
+        return settings.broker_url or ""
+    return EmbeddedFolders.under(settings.home).results_url
+
+
+def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+    return {
+        # A message not acked within this many seconds is handed to another
+        # worker. It bounds recovery after a worker dies (Celery's default is an
+        # hour); it must exceed the longest tool run (see docs/guarantees.md).
+        "visibility_timeout": settings.visibility_timeout_s,
+        # Find dead connections to Redis before a command hangs on them.
+        "health_check_interval": 10,
+        "socket_keepalive": True,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 10,
+        "retry_on_timeout": True,
+        # Fetch from the queues in the order the worker consumes them (reads,
+        # writes, then batches) instead of round robin: when a process frees
+        # up, a waiting interactive invocation goes before the next batch slice.
+        "queue_order_strategy": "priority",
+        # kombu sweeps unacknowledged messages back into their queues every
+        # interval x throttle seconds (10 x 10 by default): sweep often enough
+        # that recovery after a dead worker is bounded by the visibility timeout.
+        "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout_s / 5))),
+        "unacked_restore_throttle": 1,
+        # No message priorities are used: one Redis list per queue instead of
+        # kombu's four, so a fetch waits on 4 keys, not 16.
+        "priority_steps": [0],
+    }
+
+
+def _common(settings: Settings) -> dict[str, Any]:
+    return {
+        **_serialization(settings.signing),
+        **_delivery(settings),
+        **_resilience(),
+        # Routing: reads, writes and batches on their own queues (constants.py). A
+        # read-only worker consumes no write queue at all.
+        "task_default_queue": QUEUE_READ,
+        "task_queues": _queues(settings.read_only),
+        "task_create_missing_queues": True,
+        # Do not store task arguments (they can hold secrets) beside results.
+        "result_extended": False,
+        # A tool's print() must not end up in the worker log as a warning.
+        "worker_redirect_stdouts": False,
+        # Undecodable and non-JSON messages get a validation_error result, and their
+        # bodies are never logged (worker/consumer.py).
+        "worker_consumer": "worker.consumer:SkillConsumer",
+        # UTC timestamps everywhere.
+        "enable_utc": True,
+        "timezone": "UTC",
+    }
+
+
+def _serialization(signing: MessageSigning | None) -> dict[str, Any]:
+    plain = {
+        # JSON only, never pickle: a producer must not be able to make a worker
+        # unpickle (and so run) anything. Results and events are JSON too.
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+    }
+    if signing is None:
+        return plain
+    return {
+        **plain,
+        # Signed (docs/security.md): Celery's auth serializer signs the JSON body of
+        # every task and remote-control message with this process's key, and only
+        # messages that a certificate of the store verifies are decoded. Results and
+        # events stay plain JSON (above): the result backend is not signed.
+        "task_serializer": SIGNED_SERIALIZER,
+        "accept_content": [SIGNED_SERIALIZER],
+        "security_key": str(signing.key),
+        "security_certificate": str(signing.certificate),
+        "security_cert_store": signing.cert_store,
+        "security_digest": DIGEST,
+    }
+
+
+def _delivery(settings: Settings) -> dict[str, Any]:
+    return {
+        # A STARTED state tells a producer its invocation is running, not queued.
+        "task_track_started": True,
+        # Ack after the tool ran, and give the message back if the worker process
+        # dies mid-tool, so that no accepted invocation is lost (docs/guarantees.md
+        # says how a write-capable tool is kept from running twice).
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # Tools take milliseconds to minutes: a worker process reserves one message
+        # at a time, so a long tool never holds short ones hostage in its buffer.
+        # Small tools get their throughput from the batch path, many per message.
+        "worker_prefetch_multiplier": 1,
+        # Results live long enough for a batch to be resumed, then expire.
+        "result_expires": settings.result_expires_s,
+    }
+
+
+def _resilience() -> dict[str, Any]:
+    return {
+        # Keep working through broker and backend hiccups instead of failing tasks:
+        # a producer retries a publish for about a minute (a Redis restart), not 0.6 s.
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {
+            "max_retries": 40,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 20,
+        "redis_backend_health_check_interval": 10,
+        "redis_socket_keepalive": True,
+        "redis_retry_on_timeout": True,
+    }
+
+
+def _queues(read_only: bool) -> list[Queue]:
+    names = (
+        [QUEUE_READ, QUEUE_BATCH]
+        if read_only
+        else [QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE]
+    )
+    # One direct exchange per queue, named after it: a message goes exactly where sent.
+    return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in names]

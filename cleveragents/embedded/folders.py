@@ -1,0 +1,58 @@
+"""Where the embedded broker and the on-disk result store keep their files.
+
+Naming the folders is pure; ``create_folders`` is the one place that makes them,
+called when a client is built and when a worker starts (never at import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cleveragents.settings import Settings
+
+__all__ = ["EmbeddedFolders", "create_folders", "needed_folders", "uses_redis"]
+
+#: URL schemes of kombu's Redis transport.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class EmbeddedFolders:
+    """The embedded default's folders under ``CLEVERAGENTS_HOME``."""
+
+    queue: Path
+    control: Path
+    results: Path
+
+    @classmethod
+    def under(cls, home: Path) -> EmbeddedFolders:
+        """The folders below ``home`` (resolved, so a worker started elsewhere finds them)."""
+        base = home.resolve()
+        return cls(base / "broker" / "queue", base / "broker" / "control", base / "results")
+
+    @property
+    def results_url(self) -> str:
+        """Celery's file result backend URL for the results folder."""
+        return f"file://{self.results}"
+
+
+def uses_redis(settings: Settings) -> bool:
+    """True when the broker is Redis."""
+    return (settings.broker_url or "").startswith(REDIS_SCHEMES)
+
+
+def needed_folders(settings: Settings) -> tuple[Path, ...]:
+    """The folders the Celery settings of ``settings`` point at, which must exist before use."""
+    folders = EmbeddedFolders.under(settings.home)
+    if settings.embedded:
+        return (folders.queue, folders.control, folders.results)
+    if settings.result_backend is None and not uses_redis(settings):
+        return (folders.results,)  # another broker (RabbitMQ): results on disk
+    return ()
+
+
+def create_folders(settings: Settings) -> None:
+    """Create the folders ``settings`` needs (nothing with Redis)."""
+    for folder in needed_folders(settings):
+        folder.mkdir(parents=True, exist_ok=True)
