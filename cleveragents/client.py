@@ -205,7 +205,7 @@ class SkillClient:
         """Revoke an invocation: a queued one never starts; ``terminate`` stops a running one.
 
         Returns False, doing nothing, on the embedded default: its local worker takes
-        no broadcast commands (``celeryconfig.settings_for``).
+        no broadcast commands (``cleveragents.celery_settings``).
         """
         if self.settings.embedded:
             return False

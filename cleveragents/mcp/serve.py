@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ from cleveragents.mcp.http import (
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.mcp.server import FleetTools, build_server
 from cleveragents.mcp.stdio import pipe_lines
+from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 
@@ -68,7 +69,13 @@ def _log_to_stderr() -> None:
 
 
 def load_table(settings: Settings) -> ToolTable:
-    """The MCP tools of the configured catalogue; its problems are logged, not fatal."""
+    """The MCP tools of the configured catalogue; its problems are logged, not fatal.
+
+    Raises:
+        ConfigurationError: a ``CLEVERAGENTS_TOOL_KINDS`` module cannot be loaded.
+    """
+    # Plugin kinds first, as workers and `skills` commands do: the catalogue may use them.
+    load_tool_kinds(settings.tool_kinds)
     catalogue = Catalogue.from_paths(*settings.catalogue_paths)
     for problem in catalogue.errors:
         log.warning("catalogue: %s", problem)
@@ -114,22 +121,19 @@ def _stopped_by_signals() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _local_worker(settings: Settings, idle: Callable[[], bool]) -> Iterator[None]:
-    """On the embedded default, a local worker for the block; stopped at once when ``idle()``.
+def _local_worker(settings: Settings) -> Iterator[None]:
+    """On the embedded default, the home's local worker for the block (``LocalWorker``).
 
-    With a call still waiting, the worker gets a warm shutdown instead, so that a
-    running tool (a write above all) can finish.
+    A signal that lands while it starts still stops it (``LocalWorker.start`` cleans
+    up on any exception); at the end it is killed at once when it holds nothing, or
+    given a warm shutdown so that a running tool (a write above all) can finish.
     """
     if not settings.embedded:
         yield
         return
     log.info("no broker configured: starting a local worker (embedded default)")
-    local = LocalWorker(settings)
-    try:
-        local.start()  # a signal may land while it waits: its process must not outlive us
+    with LocalWorker(settings):
         yield
-    finally:
-        local.stop(drained=idle())
 
 
 def serve(options: ServeOptions, settings: Settings) -> None:
@@ -145,7 +149,7 @@ def serve(options: ServeOptions, settings: Settings) -> None:
         table = load_table(settings)
         with SkillClient(settings=settings) as client:
             tools = FleetTools(table, client, allow_writes=options.allow_writes)
-            with _local_worker(settings, tools.idle):
+            with _local_worker(settings):
                 writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
                 log.info("serving %d tools over %s; writes %s", len(table), options.transport,
                          writes)

@@ -79,14 +79,9 @@ class FleetTools:
         self.client = client
         self.allow_writes = allow_writes
         self.progress_interval_s = progress_interval_s
-        self._in_flight = 0
         self._listing = types.ListToolsResult(
             tools=[types.Tool.model_validate(tool) for tool in table.tools]
         )
-
-    def idle(self) -> bool:
-        """True when no call is waiting for an invocation (every one sent has its answer)."""
-        return self._in_flight == 0
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -119,7 +114,6 @@ class FleetTools:
     async def _run(
         self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request: SkillInvocationRequest
     ) -> SkillResult:
-        self._in_flight += 1
         try:
             await anyio.to_thread.run_sync(lambda: self.client.send(request, skip_if_done=False))
             log.info("call %s: invocation %s sent", route.name, request.request_id)
@@ -128,8 +122,6 @@ class FleetTools:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.cancel, route, request.request_id)
             raise
-        finally:
-            self._in_flight -= 1
 
     async def _wait(
         self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request_id: str
