@@ -6,7 +6,6 @@ these commands runs, never by ``cleveragents --help`` or the other commands.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import sys
@@ -46,17 +45,17 @@ def serve_command(transport: str, host: str, port: int, allow_writes: bool) -> N
     Over HTTP, clients send Authorization: Bearer $CLEVERAGENTS_MCP_TOKEN; off
     loopback the server refuses to start without that token.
     """
-    from cleveragents.mcp.http import TOKEN_ENV
     from cleveragents.mcp.serve import ServeOptions, serve
 
+    settings = Settings.from_env()
     options = ServeOptions(
         transport="http" if transport == "http" else "stdio",
         host=host,
         port=port,
         allow_writes=allow_writes,
-        token=os.environ.get(TOKEN_ENV) or None,
+        token=settings.mcp_token,
     )
-    serve(options, Settings.from_env())
+    serve(options, settings)
 
 
 def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
