@@ -286,3 +286,15 @@ def test_a_cancelled_call_stops_reads_never_running_writes(
 
     assert queue.revoked == ([] if revoked is None else [("r-9", revoked)])
     assert logged in caplog.text
+
+
+def test_the_mcp_token_is_read_with_the_settings_and_never_shown() -> None:
+    from cleveragents.mcp import ServeOptions
+    from cleveragents.settings import Settings
+
+    settings = Settings.from_env({"CLEVERAGENTS_MCP_TOKEN": " s3cret "})
+
+    assert settings.mcp_token == "s3cret"
+    assert "s3cret" not in repr(settings)
+    assert "s3cret" not in repr(ServeOptions(token=settings.mcp_token))
+    assert Settings.from_env({}).mcp_token is None
