@@ -6,7 +6,8 @@
 - ``server``: the ``tools/list`` and ``tools/call`` handlers; calls run as invocations
   on the queue (``SkillClient``).
 - ``http``: the streamable-HTTP endpoint's bearer-token guard and host rules.
-- ``serve``: the command's body (catalogue, embedded local worker, transports).
+- ``serve``: the command's body (catalogue, embedded local worker, transports, signals).
+- ``stdio``: stdin lines read on the event loop, so a stopped server stops at once.
 - ``importer``: a skill file from a remote MCP server's ``tools/list``.
 
 Importing this package imports the MCP SDK; the CLI imports it only when an MCP
