@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cleveragents.errors import ConfigurationError
@@ -123,6 +123,8 @@ class Settings:
     max_timeout_s: float = 3600.0
     #: Sign task messages and accept only signed ones (docs/security.md); None: plain JSON.
     signing: MessageSigning | None = None
+    #: The bearer token of `cleveragents mcp serve --transport http` (docs/mcp.md).
+    mcp_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -155,6 +157,7 @@ class Settings:
             remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
             max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
             signing=MessageSigning.from_env(env),
+            mcp_token=(env.get("CLEVERAGENTS_MCP_TOKEN") or "").strip() or None,
         )
 
     @property
