@@ -31,6 +31,8 @@ __all__ = [
 
 #: The module Celery records as the failure's ``exc_module``.
 WIRE_MODULE = __name__
+#: The exception Celery stores for a task its hard time limit ended (billiard's class).
+_TIME_LIMIT = "TimeLimitExceeded"
 
 
 class SkillInvocationFailed(Exception):
@@ -101,6 +103,23 @@ def _unreadable(request_id: str, why: str) -> SkillResult:
     )
 
 
+def _hard_time_limit(request_id: str, args: Any) -> SkillResult:
+    """Celery's own record of a task its hard time limit ended (a worker without our handler)."""
+    limit = args[0] if isinstance(args, list | tuple) and args else None
+    details: dict[str, Any] = {"reason": "timeout", "exception_type": "TimeLimitExceeded"}
+    if isinstance(limit, int | float) and not isinstance(limit, bool):
+        details["hard_limit_s"] = limit
+    details["request_id"] = request_id
+    return failed_result(
+        "",
+        "",
+        SkillErrorType.TOOL_EXECUTION_FAILURE,
+        "the tool did not stop at its timeout: its worker process was ended by the hard "
+        "time limit",
+        details,
+    )
+
+
 def result_from_stored(value: Any, request_id: str = "") -> SkillResult:
     """Rebuild a ``SkillResult`` from what Celery stored (a payload, or the failure)."""
     if isinstance(value, SkillInvocationFailed):
@@ -109,12 +128,16 @@ def result_from_stored(value: Any, request_id: str = "") -> SkillResult:
         args: tuple[Any, ...] = tuple(getattr(value, "args", ()))
         if len(args) == 2 and isinstance(args[1], dict):
             value = args[1]  # SkillInvocationFailed rebuilt by Celery under another class
+        elif type(value).__name__ == _TIME_LIMIT:
+            return _hard_time_limit(request_id, args)
         else:
             return _unreadable(request_id, f"the task failed outside the runtime: {value!r}")
     elif isinstance(value, dict) and "exc_type" in value:
         message = value.get("exc_message")
         if isinstance(message, list | tuple) and len(message) == 2 and isinstance(message[1], dict):
             value = message[1]
+        elif value.get("exc_type") == _TIME_LIMIT:
+            return _hard_time_limit(request_id, message)
         else:
             return _unreadable(request_id, f"the task failed outside the runtime: {value}")
     if not isinstance(value, dict):

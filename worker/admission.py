@@ -6,7 +6,8 @@ headers), uncompressed, JSON, names one of our two tasks, and has the protocol-2
 envelope Celery expects. What an admitted message may ask of the worker is then
 cut down to what a skill invocation needs: the producer's time limits, ETA,
 expiry, retry count and linked tasks are dropped, since the worker's own limits
-decide (docs/guarantees.md).
+decide (docs/guarantees.md). The worker's own hard time limit is set instead
+(``worker/time_limits.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from kombu import compression
 
 from cleveragents.constants import MAX_MESSAGE_BYTES, TASK_INVOKE, TASK_INVOKE_CHUNK
+from worker import state
+from worker.time_limits import hard_limit_s
 
 __all__ = [
     "ACCEPTED_CONTENT_TYPE",
@@ -110,10 +113,19 @@ def envelope_problem(message: Any) -> str | None:
 
 
 def sanitise(message: Any) -> None:
-    """Drop what a producer may not decide: time limits, ETA, expiry, retries, links."""
+    """Drop what a producer may not decide (time limits, ETA, expiry, retries, links).
+
+    Then set the worker's own hard time limit: the invocation's timeout (a chunk's
+    slice and invocations) plus a grace (``worker/time_limits.py``).
+    """
     headers = message.headers
     for name in _DROPPED_HEADERS:
         headers.pop(name, None)
     headers["retries"] = 0
     body = message.payload  # the cached list Celery reads again: changed in place
     body[2] = dict(_NO_LINKS)
+    current = state.current()
+    hard = hard_limit_s(headers.get("task"), body[0], current.catalogue, current.settings)
+    # Celery's Request reads time_limits from this header: [hard, soft]. No soft limit:
+    # the runtime's own deadline is the soft one, for every tool kind.
+    headers["timelimit"] = [hard, None]

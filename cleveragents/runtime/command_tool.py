@@ -32,7 +32,7 @@ from cleveragents.errors import (
     ToolOutputTooLarge,
     ToolTimedOut,
 )
-from cleveragents.runtime.confined import Finished, ToolUser, run_confined
+from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
 from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.skills import ToolSpec
@@ -45,11 +45,15 @@ BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIR
 _SHORTEST_REDACTED = 4
 
 
-def _environment(tool: ToolSpec, scratch: str, user: ToolUser | None) -> dict[str, str]:
+def _environment(
+    tool: ToolSpec, scratch: str, user: ToolUser | None, own_python: bool = True
+) -> dict[str, str]:
     env = {k: os.environ[k] for k in (*BASE_ENV, *tool.pass_env) if k in os.environ}
     env["CLEVERAGENTS_RESOURCE_CHANGES"] = str(Path(scratch) / "resource-changes.jsonl")
-    # "python3" in a command means the worker's own interpreter (its venv), found first.
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+    path = env.get("PATH", os.defpath)
+    if own_python:  # "python3" in a command means the worker's own interpreter (its venv)
+        path = os.pathsep.join([os.path.dirname(sys.executable), path])
+    env["PATH"] = path
     env.setdefault("PYTHONPATH", os.getcwd())
     if user is not None:  # the worker's home and temporary folder are not the tool user's
         env["HOME"] = env["TMPDIR"] = scratch
@@ -155,9 +159,17 @@ def _scratch(user: ToolUser | None) -> Iterator[str]:
 
 
 def run_command_tool(
-    tool: ToolSpec, arguments: dict[str, Any], timeout_s: float, *, user: ToolUser | None = None
+    tool: ToolSpec,
+    arguments: dict[str, Any],
+    timeout_s: float,
+    *,
+    user: ToolUser | None = None,
+    own_python: bool = True,
 ) -> ToolOutput:
     """Run the tool's command with the arguments as JSON on stdin, confined (module docstring).
+
+    ``user``: who it runs as (None: this process's user). ``own_python``: ``python3``
+    means this process's interpreter, found first on ``PATH``.
 
     Raises:
         ToolActivationError: the program cannot be started.
@@ -170,7 +182,7 @@ def run_command_tool(
     payload = json.dumps(arguments).encode()
     limit = max_output_bytes()
     with _scratch(user) as scratch:
-        env = _environment(tool, scratch, user)
+        env = _environment(tool, scratch, user, own_python)
         try:
             finished = run_confined(argv, env, payload, timeout_s, max_stdout=limit, user=user)
         except OSError as exc:
@@ -189,14 +201,26 @@ class CommandKind:
 
     def __init__(self) -> None:
         self.user: ToolUser | None = None
+        self.own_python = True
 
-    def run_as(self, user: ToolUser | None) -> None:
+    def run_as(self, user: ToolUser | None) -> str | None:
         """Run every later command tool of this process as ``user`` (None: this process's own).
 
         A worker calls it once at start (``CLEVERAGENTS_TOOL_USER``, see
-        ``confined.tool_user_for``); switching needs root.
+        ``confined.tool_user_for``); switching needs root. Returns a warning when
+        ``user`` cannot run this process's interpreter: ``python3`` in a command is
+        then whatever ``PATH`` finds first that it can run.
         """
         self.user = user
+        self.own_python = user is None or can_run_python(user)
+        if self.own_python:
+            return None
+        return (
+            f"command tools run as {user.name!r}, who cannot run this worker's interpreter "  # type: ignore[union-attr]
+            f"{sys.executable}: 'python3' in a command is the first on PATH it can run "
+            "(install the worker's Python where that user can read it, or set "
+            "CLEVERAGENTS_TOOL_USER)"
+        )
 
     def check(self, tool: ToolSpec) -> None:
         """A command tool needs ``command``, a non-empty argv, and no ``entrypoint``."""
@@ -209,7 +233,9 @@ class CommandKind:
 
     def run(self, tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> ToolOutput:
         """Run the command as this kind's user; see ``run_command_tool``."""
-        return run_command_tool(tool, arguments, timeout_s, user=self.user)
+        return run_command_tool(
+            tool, arguments, timeout_s, user=self.user, own_python=self.own_python
+        )
 
 
 #: The registered ``command`` kind.

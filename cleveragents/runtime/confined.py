@@ -21,6 +21,7 @@ import os
 import pwd
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -30,7 +31,14 @@ from typing import Any
 
 from cleveragents.errors import ConfigurationError
 
-__all__ = ["SHEPHERD", "Finished", "ToolUser", "run_confined", "tool_user_for"]
+__all__ = [
+    "SHEPHERD",
+    "Finished",
+    "ToolUser",
+    "can_run_python",
+    "run_confined",
+    "tool_user_for",
+]
 
 #: The shepherd script, run with the worker's own interpreter (``-I -S``).
 SHEPHERD = str(Path(__file__).resolve().with_name("shepherd.py"))
@@ -91,6 +99,35 @@ def tool_user_for(setting: str | None, *, euid: int | None = None) -> ToolUser |
             "command tools as another user"
         )
     return user
+
+
+def _permits(path: str, user: ToolUser, read: bool) -> bool:
+    """Whether ``user`` may search (or read and search) ``path``, by its mode bits alone."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if user.uid == 0:
+        return True
+    if info.st_uid == user.uid:
+        need = stat.S_IXUSR | (stat.S_IRUSR if read else 0)
+    elif info.st_gid == user.gid:
+        need = stat.S_IXGRP | (stat.S_IRGRP if read else 0)
+    else:
+        need = stat.S_IXOTH | (stat.S_IROTH if read else 0)
+    return info.st_mode & need == need
+
+
+def _reachable(path: str, user: ToolUser, read: bool) -> bool:
+    real = Path(os.path.realpath(path))
+    folders = [str(p) for p in reversed(real.parents)]
+    return all(_permits(f, user, read=False) for f in folders) and _permits(str(real), user, read)
+
+
+def can_run_python(user: ToolUser) -> bool:
+    """Whether ``user`` can run this process's interpreter (its program and its library)."""
+    library = os.path.dirname(os.__file__)
+    return _reachable(sys.executable, user, read=False) and _reachable(library, user, read=True)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from cleveragents.outcomes import failed_result, failed_with, names_of
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
 from cleveragents.runtime.kinds import run_tool
-from cleveragents.runtime.limits import MAX_OUTPUT_BYTES, output_limit
+from cleveragents.runtime.limits import MAX_OUTPUT_BYTES, default_output_limit, output_limit
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.runtime.validation import validate
@@ -138,7 +138,7 @@ def _check_changes(changes: Any) -> list[dict[str, Any]]:
 def _run(
     entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float, max_output_bytes: int
 ) -> tuple[Any, list[dict[str, Any]]]:
-    with output_limit(max_output_bytes):
+    with output_limit(max_output_bytes):  # what the kinds read (runtime/limits.py)
         value = run_tool(entry.tool, arguments, timeout_s)
     if isinstance(value, ToolOutput):
         return value.data, _check_changes(value.resource_changes)
@@ -214,7 +214,7 @@ def invoke(
     default_timeout_s: float = DEFAULT_TIMEOUT_S,
     max_timeout_s: float = MAX_TIMEOUT_S,
     max_request_bytes: int = MAX_REQUEST_BYTES,
-    max_output_bytes: int = MAX_OUTPUT_BYTES,
+    max_output_bytes: int | None = None,
     before_write: BeforeWrite | None = None,
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
@@ -222,7 +222,9 @@ def invoke(
     Order: resolve the skill, find the tool, apply the write gates, validate the
     arguments, run the tool (stopped at its timeout, never more than ``max_timeout_s``),
     validate the output. Output larger than ``max_output_bytes`` (with its resource
-    changes, as JSON) is a ``tool_execution_failure`` (reason ``output_too_large``).
+    changes, as JSON) is a ``tool_execution_failure`` (reason ``output_too_large``);
+    None means the process default (``MAX_OUTPUT_BYTES``, 10 MB, unless a worker set
+    ``CLEVERAGENTS_MAX_OUTPUT_BYTES``).
     ``before_write(request, tool, timeout_s)`` is called right before a
     write-capable tool that is not idempotent starts; what it raises becomes the
     result, and the tool does not start (the worker's at-most-once claim).
@@ -235,6 +237,8 @@ def invoke(
             request, str(exc), {**exc.details, "exception_type": type(exc).__name__}, started
         )
     skill, tool = parsed.skill, parsed.tool
+    if max_output_bytes is None:
+        max_output_bytes = default_output_limit()
     try:
         definition, entry = catalogue.find_tool(skill, tool)
         data, changes = _execute(

@@ -92,14 +92,29 @@ def _exec_tool(config: dict[str, Any], errors: int) -> None:
             if hasattr(_signal, name):
                 _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, set())
-        argv = config["argv"]
-        os.execvpe(argv[0], argv, dict(os.environ))
+        _execute(config["argv"], dict(os.environ))
     except BaseException as exc:  # anything: report it, then end this child
         text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
         try:
             os.write(errors, text.encode(errors="replace")[:1000])
         finally:
             os._exit(127)
+
+
+def _execute(argv: list[str], env: dict[str, str]) -> None:
+    """``execvpe`` without imports: as another user the interpreter's own library may be closed."""
+    program = argv[0]
+    if "/" in program:
+        os.execve(program, argv, env)
+    first: OSError | None = None
+    for folder in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(folder or ".", program), argv, env)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:  # not permitted here, say: look further, as execvp does
+            first = first or exc
+    raise first or FileNotFoundError(2, f"{program!r} is not on PATH")
 
 
 def _start(config: dict[str, Any]) -> tuple[int, str]:
