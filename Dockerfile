@@ -7,7 +7,7 @@
 #   docker build -t cleveragents:local .
 #   docker run --rm --env-file worker.env cleveragents:local
 #
-# worker.env holds CLEVERAGENTS_BROKER_URL=redis://:PASSWORD@HOST:6379/0 and the worker's
+# worker.env holds CLEVERAGENTS_BROKER_URL=redis://worker:PASSWORD@HOST:6379/0 and the worker's
 # other settings (docs/deployment.md): the password stays off the command line.
 
 # ---- builder: a wheel of the project and of every dependency -------------------------------

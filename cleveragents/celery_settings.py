@@ -13,7 +13,8 @@ from kombu import Exchange, Queue
 
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
-from cleveragents.settings import Settings
+from cleveragents.settings import MessageSigning, Settings
+from cleveragents.signing import DIGEST, SIGNED_SERIALIZER
 
 __all__ = ["EMBEDDED_SCHEME", "EMBEDDED_TRANSPORT", "celery_settings"]
 
@@ -105,7 +106,7 @@ def _redis_transport_options(settings: Settings) -> dict[str, Any]:
 
 def _common(settings: Settings) -> dict[str, Any]:
     return {
-        **_serialization(),
+        **_serialization(settings.signing),
         **_delivery(settings),
         **_resilience(),
         # Routing: reads, writes and batches on their own queues (constants.py). A
@@ -126,8 +127,8 @@ def _common(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _serialization() -> dict[str, Any]:
-    return {
+def _serialization(signing: MessageSigning | None) -> dict[str, Any]:
+    plain = {
         # JSON only, never pickle: a producer must not be able to make a worker
         # unpickle (and so run) anything. Results and events are JSON too.
         "accept_content": ["json"],
@@ -135,6 +136,21 @@ def _serialization() -> dict[str, Any]:
         "task_serializer": "json",
         "result_serializer": "json",
         "event_serializer": "json",
+    }
+    if signing is None:
+        return plain
+    return {
+        **plain,
+        # Signed (docs/security.md): Celery's auth serializer signs the JSON body of
+        # every task and remote-control message with this process's key, and only
+        # messages that a certificate of the store verifies are decoded. Results and
+        # events stay plain JSON (above): the result backend is not signed.
+        "task_serializer": SIGNED_SERIALIZER,
+        "accept_content": [SIGNED_SERIALIZER],
+        "security_key": str(signing.key),
+        "security_certificate": str(signing.certificate),
+        "security_cert_store": signing.cert_store,
+        "security_digest": DIGEST,
     }
 
 

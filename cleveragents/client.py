@@ -32,6 +32,7 @@ from cleveragents.results import ResultStore
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
+from cleveragents.signing import register_signing
 from cleveragents.skills import SkillResult
 from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
 
@@ -39,6 +40,10 @@ __all__ = ["InvocationHandle", "SkillClient"]
 
 #: Poll interval for result stores without push notifications (the embedded file store).
 POLL_INTERVAL_S = 0.02
+#: The longest poll interval of a long wait on such a store.
+MAX_POLL_INTERVAL_S = 0.25
+#: Reads of a result caught half written before it counts as not there yet.
+TORN_READS = 5
 #: How often a waiting client re-reads the store besides waiting for a notification.
 RECHECK_S = 2.0
 
@@ -65,8 +70,12 @@ class InvocationHandle:
 class SkillClient:
     """Submit skill invocations to the workers and collect their results.
 
+    With message signing configured (``CLEVERAGENTS_SIGNING_*``, docs/security.md)
+    every message it sends is signed with its key.
+
     Raises:
-        ConfigurationError: on construction, when a setting in the environment is invalid.
+        ConfigurationError: on construction, when a setting in the environment is
+            invalid, or the signing key, certificate or store do not load.
     """
 
     def __init__(
@@ -86,6 +95,8 @@ class SkillClient:
                 else base.result_backend,
             )
         self.settings = base
+        if base.signing is not None:  # before anything is created: a bad key is one error
+            register_signing(base.signing)
         create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
         self.app.conf.update(celery_settings(base))
@@ -223,11 +234,19 @@ class SkillClient:
         return str(AsyncResult(request_id, app=self.app).state)
 
     def get(self, request_id: str) -> SkillResult | None:
-        """The stored result, or None while there is none."""
-        meta = self.app.backend.get_task_meta(request_id)
-        if meta.get("status") not in ("SUCCESS", "FAILURE"):
-            return None
-        return result_from_stored(meta.get("result"), request_id)
+        """The stored result, or None while there is none (or it is being written)."""
+        for attempt in range(TORN_READS):
+            try:
+                meta = self.app.backend.get_task_meta(request_id)
+            except ValueError:
+                # The file store writes a result in place: a read can catch it half
+                # written. Read again shortly; a result still torn counts as not there yet.
+                time.sleep(POLL_INTERVAL_S * (attempt + 1))
+                continue
+            if meta.get("status") not in ("SUCCESS", "FAILURE"):
+                return None
+            return result_from_stored(meta.get("result"), request_id)
+        return None
 
     def wait(
         self, request_id: str, timeout: float | None = None, *, pending: Any = None
@@ -238,6 +257,8 @@ class SkillClient:
             TimeoutError: no result within ``timeout`` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
+        interval = POLL_INTERVAL_S
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -245,20 +266,18 @@ class SkillClient:
             # Wait for Celery's notification, and re-read the store every few seconds:
             # the batch path stores results in bulk, without one.
             step = RECHECK_S if remaining is None else min(RECHECK_S, remaining)
-            handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
             try:
                 value = handle.get(
-                    timeout=step,
-                    propagate=False,
-                    interval=POLL_INTERVAL_S,
-                    disable_sync_subtasks=False,
+                    timeout=step, propagate=False, interval=interval, disable_sync_subtasks=False
                 )
             except CeleryTimeoutError:
                 found = self.get(request_id)
                 if found is not None:
                     return found
-                continue
             except ValueError:
-                continue  # a file store read mid-write: read it again
-            break
-        return result_from_stored(value, request_id)
+                # A file store read mid-write: read again after a pause, never at once.
+                time.sleep(min(interval, remaining or interval))
+            else:
+                return result_from_stored(value, request_id)
+            # A store without notifications is polled: the longer the wait, the calmer.
+            interval = min(interval * 2, MAX_POLL_INTERVAL_S)

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from cleveragents.errors import ConfigurationError
 
-__all__ = ["Settings", "bundled_examples_path", "tool_kind_modules"]
+__all__ = [
+    "SIGNING_VARIABLES",
+    "MessageSigning",
+    "Settings",
+    "bundled_examples_path",
+    "tool_kind_modules",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -67,6 +73,47 @@ def tool_kind_modules(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(p.strip() for p in re.split(f"[{re.escape(os.pathsep)},]", raw) if p.strip())
 
 
+#: Message signing's settings: this process's key, its certificate, the trusted certificates.
+SIGNING_VARIABLES = (
+    "CLEVERAGENTS_SIGNING_KEY",
+    "CLEVERAGENTS_SIGNING_CERT",
+    "CLEVERAGENTS_SIGNING_CERT_STORE",
+)
+
+
+@dataclass(frozen=True)
+class MessageSigning:
+    """Where this process's signing key, its certificate and the trusted certificates are.
+
+    The store is a folder holding only PEM certificates, one PEM file, or a glob
+    (Celery's ``security_cert_store``); it holds every signer's certificate.
+    """
+
+    key: Path
+    certificate: Path
+    cert_store: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> MessageSigning | None:
+        """The three signing variables of ``env``, or None when none is set.
+
+        Raises:
+            ConfigurationError: only some of them are set.
+        """
+        values = [(env.get(name) or "").strip() for name in SIGNING_VARIABLES]
+        if not any(values):
+            return None
+        missing = [name for name, value in zip(SIGNING_VARIABLES, values, strict=True) if not value]
+        if missing:
+            raise ConfigurationError(
+                f"message signing needs all of {', '.join(SIGNING_VARIABLES)}; "
+                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set"
+            )
+        key, certificate, store = values
+        store = os.path.expanduser(store)  # a folder, a file or a glob
+        return cls(Path(key).expanduser(), Path(certificate).expanduser(), store)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting the library reads from the environment."""
@@ -87,6 +134,8 @@ class Settings:
     remote_control: bool = False
     #: No invocation's timeout goes past this, whatever the request asks.
     max_timeout_s: float = 3600.0
+    #: Sign task messages and accept only signed ones (docs/security.md); None: plain JSON.
+    signing: MessageSigning | None = None
     #: Larger tool output (a command's stdout, a python tool's JSON) is refused.
     max_output_bytes: int = 10_000_000
     #: Who command tools run as (a user name or uid); None: ``nobody`` when a worker
@@ -123,6 +172,7 @@ class Settings:
             tool_kinds=tool_kind_modules(env),
             remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
             max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
+            signing=MessageSigning.from_env(env),
             max_output_bytes=_positive_int(env, "CLEVERAGENTS_MAX_OUTPUT_BYTES", 10_000_000),
             tool_user=(env.get("CLEVERAGENTS_TOOL_USER") or "").strip() or None,
         )

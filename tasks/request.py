@@ -15,6 +15,7 @@ from celery.worker.request import Request
 
 from cleveragents.constants import REDACTED
 from cleveragents.wire import redacted_repr
+from worker.admission import NO_LINKS as _NO_LINKS
 
 __all__ = ["RedactingRequest"]
 
@@ -34,6 +35,12 @@ class RedactingRequest(Request):  # type: ignore[misc]
         else:
             self._argsrepr = REDACTED if body_args else "()"
         self._kwargsrepr = REDACTED if body_kwargs else "{}"
+        # The pool process gets the body the consumer admitted and cleaned (no linked
+        # tasks: worker/admission.py), already decoded, instead of the raw bytes it
+        # would decode (and verify) again with the producer's callbacks still in them.
+        self._body = (body_args, body_kwargs, dict(_NO_LINKS))
+        self._content_type = self._content_encoding = None
+        self._decoded = True
 
     def info(self, safe: bool = False) -> Any:
         """What remote control (``inspect active/reserved/scheduled/query_task``) shows.

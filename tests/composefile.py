@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
-from tests.procs import REPO
+from tests.procs import REPO, free_port, kill_group, wait_until
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
@@ -24,8 +30,20 @@ BIN = Path(sys.executable).parent
 
 #: Stands in for what a user writes into .env where .env.example leaves a value empty.
 PLACEHOLDER = "placeholder0123"
+#: The Redis user of each service that talks to Redis, and the variable of its password.
+REDIS_USERS = {
+    "worker": ("worker", "REDIS_WORKER_PASSWORD"),
+    "worker-readonly": ("worker-readonly", "REDIS_WORKER_READONLY_PASSWORD"),
+    "producer": ("producer", "REDIS_PRODUCER_PASSWORD"),
+    "flower": ("flower", "REDIS_FLOWER_PASSWORD"),
+    "metrics": ("metrics", "REDIS_METRICS_PASSWORD"),
+}
+#: Redis' admin user and the variable of its password (Redis' own health check uses it).
+REDIS_ADMIN = ("admin", "REDIS_PASSWORD")
 #: Variables that must be set by the user: compose refuses to start without them.
-SECRETS = ("REDIS_PASSWORD", "FLOWER_PASSWORD")
+SECRETS = (REDIS_ADMIN[1], *(var for _, var in REDIS_USERS.values()), "FLOWER_PASSWORD")
+#: Set by the user, without a default, though not secret.
+REQUIRED = (*SECRETS, "FLOWER_USER")
 #: The services of a plain `docker compose up`.
 DEFAULT_SERVICES = {"redis", "worker", "flower", "metrics"}
 #: The settings of .env.example that configure a worker (CLEVERAGENTS_IMAGE is Compose's).
@@ -213,3 +231,121 @@ def _subprocess_env(service: str, tmp_path: Path) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
     }
+
+
+@contextlib.contextmanager
+def _started(
+    args: list[str], env: Mapping[str, str], cwd: Path, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A process of its own session, ended (TERM, then KILL) with everything it started."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            proc.wait(10)
+
+
+def _program(argv: list[str]) -> list[str]:
+    """``argv`` with its program taken from this interpreter's environment."""
+    return [str(BIN / argv[0]), *argv[1:]]
+
+
+# ---- the compose file's Redis users, on a private redis-server --------------------------------
+
+#: Where the compose file's Redis reads its users (the target of the redis-users config).
+ACL_FILE_TARGET = "/usr/local/etc/redis/users.acl"
+
+
+def _redis_users_config(tree: Mapping[str, Any]) -> str:
+    content = tree["configs"]["redis-users"]["content"]
+    assert isinstance(content, str)
+    return content
+
+
+class RedisWithUsers:
+    """A private redis-server whose users are the compose file's, each with its own password.
+
+    The ACL file is the compose file's ``redis-users`` config, filled in the way Compose
+    does from .env.example and a fresh password per variable: what Redis loads in the
+    deployment, loaded here.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="cleveragents-redis-acl-"))
+        #: .env's password variables, each a distinct value (letters and digits).
+        self.passwords = {name: f"pw{secrets.token_hex(12)}" for name in SECRETS}
+        self.env = {**_user_env(), **self.passwords}
+        self.acl = _redis_users_config(_compose(self.env))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisWithUsers:
+        """Start redis-server with the ACL file; wait until the admin user gets a PONG."""
+        aclfile = self.dir / "users.acl"
+        aclfile.write_text(self.acl, encoding="utf-8")
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--dir", str(self.dir), "--save", "", "--appendonly", "no"]
+        args += ["--logfile", str(self.dir / "redis.log"), "--aclfile", str(aclfile)]
+        self.proc = subprocess.Popen(
+            args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        proc = self.proc
+        admin = self.admin()
+        wait_until(lambda: _pings(admin) or proc.poll() is not None, 10, "redis-server")
+        assert proc.poll() is None, (self.dir / "redis.log").read_text()
+        return self
+
+    def password(self, user: str) -> str:
+        """The password of a Redis user of the compose file."""
+        roles = {name: var for name, var in (REDIS_ADMIN, *REDIS_USERS.values())}
+        return self.passwords[roles[user]]
+
+    def url(self, user: str) -> str:
+        """A redis:// URL that logs in as ``user``."""
+        return f"redis://{user}:{self.password(user)}@127.0.0.1:{self.port}/0"
+
+    def service_url(self, service: str) -> str:
+        """The broker URL of a compose service, pointed at this server instead of redis:6379."""
+        environment = _container_env(_compose(self.env)["services"][service])
+        url = environment["CLEVERAGENTS_BROKER_URL"]
+        assert "@redis:6379/" in url, url
+        return url.replace("@redis:6379/", f"@127.0.0.1:{self.port}/")
+
+    def admin(self) -> redis.Redis:
+        """A client logged in as the admin user."""
+        user, _ = REDIS_ADMIN
+        return redis.Redis(port=self.port, username=user, password=self.password(user))
+
+    def denials(self) -> list[dict[str, Any]]:
+        """ACL LOG: every command, key or channel Redis refused since the last reset."""
+        entries = self.admin().acl_log(count=1000)
+        assert isinstance(entries, list)
+        return entries
+
+    def stop(self) -> None:
+        """Kill the server and remove its folder."""
+        if self.proc is not None:
+            kill_group(self.proc)
+            self.proc.wait(10)
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False

@@ -3,10 +3,13 @@
 docker-compose.yml is validated against the Compose Specification schema and read
 the way Compose reads it: ``${VARIABLES}`` filled in from .env.example, which must
 define every one of them. Its structure is checked for what the deployment promises
-(persistent, password-protected Redis; scalable, health-checked workers; Flower
-behind basic auth) and for least privilege (no env_file: each service gets only the
-variables it needs, and no password is on a command line of this project's image).
-The commands the services run are checked in test_compose_commands.py, the
+(persistent Redis with a user per role and no default user; scalable, health-checked
+workers; Flower behind basic auth with no default login), for least privilege (no
+env_file: each service gets only the variables it needs, each password reaches only
+Redis and the service of its role, and no password is on any command line), and for
+the workers' hardening (no capabilities, no-new-privileges, read-only root with tmpfs
+scratch space, memory and process limits). The commands the services run are checked
+in test_compose_commands.py, each Redis user's rights in test_redis_acl.py, the
 Dockerfile in test_dockerfile.py.
 """
 
@@ -24,11 +27,15 @@ import pytest
 from cleveragents.constants import QUEUE_BATCH, QUEUE_READ
 from cleveragents.settings import Settings
 from tests.composefile import (
+    ACL_FILE_TARGET,
     BIN,
     COMPOSE_FILE,
     DEFAULT_SERVICES,
     ENV_EXAMPLE,
     PLACEHOLDER,
+    REDIS_ADMIN,
+    REDIS_USERS,
+    REQUIRED,
     SECRETS,
     SERVICE_ENVIRONMENT,
     WORKER_SETTINGS,
@@ -40,6 +47,7 @@ from tests.composefile import (
     _interpolate,
     _raw_compose,
     _read_env_file,
+    _redis_users_config,
     _services,
     _user_env,
 )
@@ -104,10 +112,10 @@ def test_every_variable_of_the_compose_file_is_in_env_example() -> None:
 def test_env_example_documents_the_settings_of_the_deployment() -> None:
     defined = set(_read_env_file(ENV_EXAMPLE))
     assert {
-        "REDIS_PASSWORD",
-        "FLOWER_USER",
-        "FLOWER_PASSWORD",
+        *REQUIRED,
         "WORKER_CONCURRENCY",
+        "WORKER_MEM_LIMIT",
+        "WORKER_PIDS_LIMIT",
         "CLEVERAGENTS_DEFAULT_TIMEOUT_S",
         "CLEVERAGENTS_VISIBILITY_TIMEOUT_S",
         "CLEVERAGENTS_RESULT_EXPIRES_S",
@@ -115,10 +123,12 @@ def test_env_example_documents_the_settings_of_the_deployment() -> None:
     } <= defined
 
 
-def test_compose_refuses_to_start_until_the_passwords_are_set() -> None:
+def test_compose_refuses_to_start_until_the_passwords_and_flowers_user_are_set() -> None:
+    # Flower's user name too: no default login name for anyone to guess.
+    assert "FLOWER_USER" in REQUIRED
     example = _read_env_file(ENV_EXAMPLE)
     text = COMPOSE_FILE.read_text(encoding="utf-8")
-    for name in SECRETS:
+    for name in REQUIRED:
         # Not prefilled in the example, and required (${VAR:?...}) wherever it is used.
         assert example[name] == "", f"{name} must be empty in .env.example"
         uses = re.findall(rf"\$\{{{name}(\W*)", text)
@@ -131,7 +141,8 @@ def test_compose_refuses_to_start_until_the_passwords_are_set() -> None:
 def test_env_example_values_are_valid_settings_for_every_service() -> None:
     for name, spec in _app_services().items():
         settings = Settings.from_env(_container_env(spec))
-        assert settings.broker_url == f"redis://:{PLACEHOLDER}@redis:6379/0", name
+        user, _ = REDIS_USERS[name]
+        assert settings.broker_url == f"redis://{user}:{PLACEHOLDER}@redis:6379/0", name
         assert not settings.embedded
         # An unacknowledged invocation must not be handed to a second worker while the
         # first one still runs it (docs/configuration.md).
@@ -190,48 +201,52 @@ def test_each_app_service_gets_only_the_variables_it_needs() -> None:
 
 def test_each_password_reaches_only_the_services_that_need_it() -> None:
     # Distinct values, so that every place each password lands can be told apart.
-    redis_password, flower_password = "redissecret0123", "flowersecret0123"
-    tree = _compose(
-        {**_user_env(), "REDIS_PASSWORD": redis_password, "FLOWER_PASSWORD": flower_password}
-    )
-    # Outside the services only the x- fields (ignored by Compose) may hold one.
-    rest = {
-        key: value for key, value in tree.items() if key != "services" and not key.startswith("x-")
-    }
-    assert not _holding(rest, redis_password)
-    assert not _holding(rest, flower_password)
+    passwords = {name: f"secret{i:02d}value" for i, name in enumerate(SECRETS)}
+    tree = _compose({**_user_env(), **passwords})
     services = tree["services"]
+    redis_users = _redis_users_config(tree)
+    for name, password in passwords.items():
+        # Outside the services only the x- fields (ignored by Compose) and Redis' user
+        # file (the redis-users config, mounted into Redis only) may hold one.
+        rest = {
+            key: value
+            for key, value in tree.items()
+            if key not in ("services", "configs") and not key.startswith("x-")
+        }
+        assert not _holding(rest, password), name
+        in_config = [("redis-users", "content")] if name != "FLOWER_PASSWORD" else []
+        assert _holding(tree["configs"], password) == in_config, name
+        hits = {
+            (service, *path)
+            for service, spec in services.items()
+            for path in _holding(spec, password)
+        }
+        if name == "FLOWER_PASSWORD":
+            # Flower's environment only (not its command line), and not Redis' users.
+            assert hits == {("flower", "environment", "FLOWER_BASIC_AUTH")}
+            assert password not in redis_users
+        elif name == REDIS_ADMIN[1]:
+            # The admin password: Redis' users, and redis-cli's in the Redis container.
+            assert hits == {("redis", "environment", "REDISCLI_AUTH")}
+            assert f"user {REDIS_ADMIN[0]} reset on >{password} " in redis_users
+        else:
+            # A role's password: its user in Redis, and the broker URL of its one service.
+            [service] = [svc for svc, (_, var) in REDIS_USERS.items() if var == name]
+            user, _ = REDIS_USERS[service]
+            assert hits == {(service, "environment", "CLEVERAGENTS_BROKER_URL")}, name
+            url = services[service]["environment"]["CLEVERAGENTS_BROKER_URL"]
+            assert url == f"redis://{user}:{password}@redis:6379/0"
+            assert f"user {user} reset on >{password} " in redis_users
 
-    # FLOWER_PASSWORD: Flower's environment only, and not its command line.
-    flower_hits = {
-        (name, *path) for name, spec in services.items() for path in _holding(spec, flower_password)
-    }
-    assert flower_hits == {("flower", "environment", "FLOWER_BASIC_AUTH")}
 
-    # REDIS_PASSWORD: Redis' own settings, and the broker URL of the services that use Redis.
-    broker_url = f"redis://:{redis_password}@redis:6379/0"
-    for name, spec in services.items():
-        for path in _holding(spec, redis_password):
-            if name == "redis":
-                assert path[0] in ("command", "environment"), path
-                continue
-            assert path == ("environment", "CLEVERAGENTS_BROKER_URL"), (name, path)
-            assert spec["environment"]["CLEVERAGENTS_BROKER_URL"] == broker_url, name
-    redis = services["redis"]
-    assert redis["environment"]["REDISCLI_AUTH"] == redis_password
-    assert redis_password in _argv(redis["command"])
-    assert {name for name, spec in services.items() if _holding(spec, redis_password)} == {
-        "redis",
-        *SERVICE_ENVIRONMENT,
-    }
-
-
-def test_no_password_is_on_a_command_line_of_this_projects_image() -> None:
+def test_no_password_is_on_any_command_line() -> None:
     # A command line shows in the process list and in `docker inspect`; the environment
-    # of a process is readable by its own user only.
-    for name, spec in _app_services().items():
+    # of a process is readable by its own user only. Redis too reads its users' passwords
+    # from a file (the redis-users config), not from --requirepass.
+    for name, spec in _services().items():
         for part in ("command", "healthcheck", "entrypoint"):
             assert not _holding(spec.get(part), PLACEHOLDER), f"{name}: a password in its {part}"
+        assert "--requirepass" not in _argv(spec.get("command", [])), name
 
 
 # ---- the services --------------------------------------------------------------------------
@@ -254,16 +269,43 @@ def test_published_ports_listen_on_localhost_only() -> None:
             assert host == "127.0.0.1", f"{name} publishes a port on {host or 'every interface'}"
 
 
-def test_redis_persists_requires_a_password_and_has_a_healthcheck() -> None:
+def test_redis_persists_loads_its_users_from_the_config_and_has_a_healthcheck() -> None:
     redis = _services()["redis"]
     argv = _argv(redis["command"])
     assert argv[0] == "redis-server"
     assert argv[argv.index("--appendonly") + 1] == "yes"
     assert argv[argv.index("--appendfsync") + 1] == "everysec"
-    assert argv[argv.index("--requirepass") + 1] == PLACEHOLDER
+    assert argv[argv.index("--aclfile") + 1] == ACL_FILE_TARGET
+    assert redis["configs"] == [{"source": "redis-users", "target": ACL_FILE_TARGET}]
     assert any(str(volume).endswith(":/data") for volume in redis["volumes"])
-    assert "redis-cli" in " ".join(redis["healthcheck"]["test"])
     assert not redis.get("ports"), "Redis is for this project's containers only"
+    # The health check logs in as the admin user, with the password from REDISCLI_AUTH.
+    test = " ".join(redis["healthcheck"]["test"])
+    assert f"redis-cli --user {REDIS_ADMIN[0]} ping" in test
+    assert _container_env(redis)["REDISCLI_AUTH"] == PLACEHOLDER
+
+
+def test_redis_users_are_one_per_role_each_with_its_own_password_and_no_default() -> None:
+    lines = _redis_users_config(_raw_compose()).splitlines()
+    users = {line.split()[1]: line for line in lines}
+    assert len(users) == len(lines), "each user is defined once"
+    assert [line.split()[0] for line in lines] == ["user"] * len(lines)
+    # Nobody gets in without a user name: the default user is off, with no rights.
+    assert users.pop("default") == "user default reset off"
+    admin, admin_password = REDIS_ADMIN
+    assert (
+        users.pop(admin)
+        == f"user {admin} reset on >${{{admin_password}:?set {admin_password} in .env}} ~* &* +@all"
+    )
+    assert set(users) == {user for user, _ in REDIS_USERS.values()}
+    for user, variable in REDIS_USERS.values():
+        rules = users[user].split()
+        assert rules[:4] == ["user", user, "reset", "on"], user
+        assert rules[4] == f">${{{variable}:?set", user
+        # Every role starts from nothing, and gets no key or channel outside its selectors.
+        assert rules[rules.index("-@all") :][:3] == ["-@all", "+@connection", "-@dangerous"]
+        for everything in ("+@all", "~*", "&*", "allkeys", "allchannels", "allcommands"):
+            assert everything not in rules, user
 
 
 def test_project_services_share_one_image_built_from_this_repository() -> None:
@@ -323,3 +365,71 @@ def test_http_services_check_the_port_they_serve_and_publish(service: str) -> No
     port = option.split("=", 1)[1] if "=" in option else argv[argv.index(option) + 1]
     assert [str(p).rsplit(":", 1)[1] for p in spec["ports"]] == [port]
     assert f"localhost:{port}/" in " ".join(spec["healthcheck"]["test"])
+
+
+# ---- hardening -----------------------------------------------------------------------------
+
+WORKERS = ("worker", "worker-readonly")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def _bytes(size: str) -> int:
+    """A Docker size (``256m``, ``1g``, ``512k`` or bytes) in bytes."""
+    match = re.fullmatch(r"(\d+)([bkmg]?)", size.lower())
+    assert match, f"not a size: {size}"
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def _tmpfs(spec: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """A service's tmpfs mounts: path -> mount options."""
+    entries = spec.get("tmpfs", [])
+    mounts = {}
+    for entry in [entries] if isinstance(entries, str) else entries:
+        path, _, options = str(entry).partition(":")
+        mounts[path] = dict(option.partition("=")[::2] for option in options.split(",") if option)
+    return mounts
+
+
+def test_app_services_keep_no_capability_and_cannot_gain_privileges() -> None:
+    # They run as uid 10001 (the Dockerfile) and bind no port below 1024.
+    for name, spec in _app_services().items():
+        assert spec["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in spec["security_opt"], name
+        assert not spec.get("cap_add"), name
+        assert not spec.get("privileged"), name
+
+
+def test_workers_run_on_a_read_only_root_with_tmpfs_scratch_space() -> None:
+    for name in WORKERS:
+        spec = _services()[name]
+        assert spec["read_only"] is True, name
+        mounts = _tmpfs(spec)
+        # Command tools' temporary directories (TMPDIR is not set: /tmp), and the working
+        # directory's .cleveragents, where the example note tools write.
+        assert set(mounts) == {"/tmp", "/app/.cleveragents"}, name
+        assert "TMPDIR" not in _container_env(spec), name
+        for path, options in mounts.items():
+            assert _bytes(options["size"]) > 0, (name, path)
+            # World-writable with the sticky bit: uid 10001 writes there, as in any /tmp.
+            assert options["mode"] == "1777", (name, path)
+        # Nothing else is writable: a volume of theirs is read-only.
+        for volume in spec.get("volumes", []):
+            assert str(volume).endswith(":ro"), (name, volume)
+
+
+def test_workers_have_memory_and_process_limits_with_env_examples_defaults() -> None:
+    example = _user_env()
+    limits = ("WORKER_MEM_LIMIT", "WORKER_PIDS_LIMIT")
+    without = _compose({key: value for key, value in example.items() if key not in limits})
+    for name in WORKERS:
+        spec, default = _services()[name], without["services"][name]
+        assert str(spec["mem_limit"]) == example["WORKER_MEM_LIMIT"] == str(default["mem_limit"])
+        pids = int(spec["pids_limit"])
+        assert pids == int(example["WORKER_PIDS_LIMIT"]) == int(default["pids_limit"]), name
+        # Enough for the pool, its threads and a tool's processes; not unlimited (-1).
+        assert pids >= 64, name
+        # The tmpfs scratch space counts against the memory limit: it must leave room.
+        scratch = sum(_bytes(options["size"]) for options in _tmpfs(spec).values())
+        assert scratch <= _bytes(str(spec["mem_limit"])) // 2, name

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
 import shlex
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,20 +22,22 @@ from cleveragents.runtime import invoke
 from cleveragents.settings import bundled_examples_path
 from cleveragents.skills import Catalogue
 from tests.composefile import (
-    BIN,
     PLACEHOLDER,
+    RedisWithUsers,
     ServiceCommand,
     _app_services,
     _argv,
     _container_env,
     _option_names,
+    _program,
     _run,
     _service_commands,
     _services,
+    _started,
     _subprocess_env,
     _user_env,
 )
-from tests.procs import RedisServer, free_port, kill_group, wait_until
+from tests.procs import free_port, wait_until
 
 # ---- every command a service runs exists, with its options ---------------------------------
 
@@ -162,51 +161,34 @@ def test_producer_request_succeeds_on_the_workers_catalogue() -> None:
 # ---- the services' commands against a real Redis --------------------------------------------
 
 
-@contextlib.contextmanager
-def _started(
-    args: list[str], env: Mapping[str, str], cwd: Path, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            args,
-            cwd=cwd,
-            env=dict(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        kill_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            proc.wait(10)
-
-
-def _program(argv: list[str]) -> list[str]:
-    """``argv`` with its program taken from this interpreter's environment."""
-    return [str(BIN / argv[0]), *argv[1:]]
-
-
-def _live_env(service: str, tmp_path: Path, redis_url: str) -> dict[str, str]:
+def _live_env(service: str, tmp_path: Path, server: RedisWithUsers) -> dict[str, str]:
     env = _subprocess_env(service, tmp_path)
-    env["CLEVERAGENTS_BROKER_URL"] = redis_url  # instead of redis://...@redis:6379/0
+    # The service's own URL (its Redis user and password), at the private server's port.
+    env["CLEVERAGENTS_BROKER_URL"] = server.service_url(service)
     return env
+
+
+@pytest.fixture
+def redis_with_users() -> Iterator[RedisWithUsers]:
+    """A private redis-server with the compose file's Redis users, as its Redis has."""
+    server = RedisWithUsers().start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow
 def test_worker_healthcheck_and_producer_work_on_a_real_redis(
-    redis_url: str, tmp_path: Path
+    redis_with_users: RedisWithUsers, tmp_path: Path
 ) -> None:
     # Given the worker started with its compose command, in an empty working directory
-    # (like /app in the image: no ./skills, so the bundled examples)
+    # (like /app in the image: no ./skills, so the bundled examples), logged in to a Redis
+    # with the compose file's users as its own Redis user
     services = _services()
     app_dir = tmp_path / "app"
     app_dir.mkdir()
-    env = _live_env("worker", tmp_path, redis_url)
+    env = _live_env("worker", tmp_path, redis_with_users)
     ready = tmp_path / "ready"
     env["CLEVERAGENTS_READY_FILE"] = str(ready)
     log = tmp_path / "worker.log"
@@ -230,7 +212,7 @@ def test_worker_healthcheck_and_producer_work_on_a_real_redis(
         assert health.returncode == 0, health.stdout + health.stderr + log.read_text()
 
         # And the producer's command gets a successful result through the queue
-        producer = _live_env("producer", tmp_path, redis_url)
+        producer = _live_env("producer", tmp_path, redis_with_users)
         done = subprocess.run(
             _program(_argv(services["producer"]["command"])),
             cwd=app_dir,
@@ -242,6 +224,12 @@ def test_worker_healthcheck_and_producer_work_on_a_real_redis(
         )
         assert done.returncode == 0, done.stdout + done.stderr + log.read_text()
         assert json.loads(done.stdout)["success"] is True
+    # And Redis refused none of their commands
+    assert redis_with_users.denials() == []
+    # And the worker wrote nothing into its working directory, which is read-only in the
+    # container (but for its .cleveragents, a tmpfs there)
+    written = [p for p in app_dir.rglob("*") if ".cleveragents" not in p.relative_to(app_dir).parts]
+    assert written == []
 
 
 def _status(url: str, headers: Mapping[str, str] | None = None) -> int:
@@ -259,30 +247,19 @@ def _with_option(argv: list[str], name: str, value: str) -> list[str]:
     return [f"{name}={value}" if arg.startswith(f"{name}=") else arg for arg in argv]
 
 
-@pytest.fixture
-def redis_with_password() -> Iterator[RedisServer]:
-    """A private redis-server that wants a password, as the compose file's Redis does."""
-    server = RedisServer(password="redispassword0123", persistence=False).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
-
-
 @pytest.mark.slow
 def test_flower_passes_its_healthcheck_and_asks_everyone_else_for_the_password(
-    redis_with_password: RedisServer, tmp_path: Path
+    redis_with_users: RedisWithUsers, tmp_path: Path
 ) -> None:
     # Given Flower started with its compose command and environment (the login only in
-    # FLOWER_BASIC_AUTH), on a free port of 127.0.0.1
+    # FLOWER_BASIC_AUTH), on a free port of 127.0.0.1, logged in to Redis as its own user
     flower = _services()["flower"]
     port = str(free_port())
     argv = _with_option(_argv(flower["command"]), "--port", port)
     argv = _with_option(argv, "--db", str(tmp_path / "flower.db"))
     argv.append("--address=127.0.0.1")
     base = f"http://127.0.0.1:{port}"
-    env = _live_env("flower", tmp_path, redis_with_password.url)
+    env = _live_env("flower", tmp_path, redis_with_users)
     assert env["FLOWER_BASIC_AUTH"] == f"{_user_env()['FLOWER_USER']}:{PLACEHOLDER}"
     with _started(_program(argv), env, tmp_path, tmp_path / "flower.log") as proc:
         wait_until(lambda: _status(f"{base}/healthcheck") == 200, 60, "flower to listen")
@@ -293,7 +270,8 @@ def test_flower_passes_its_healthcheck_and_asks_everyone_else_for_the_password(
             shown = cmdline.read_bytes().decode(errors="replace")
             assert "flower" in shown
             assert PLACEHOLDER not in shown
-            assert str(redis_with_password.password) not in shown
+            for password in redis_with_users.passwords.values():
+                assert password not in shown
 
         # Then its health check passes without credentials
         kind, *check = flower["healthcheck"]["test"]
@@ -315,3 +293,7 @@ def test_flower_passes_its_healthcheck_and_asks_everyone_else_for_the_password(
         assert _status(f"{base}/", login) == 200
         # And Prometheus scrapes /metrics without a login (it is published on 127.0.0.1 only)
         assert _status(f"{base}/metrics") == 200
+        # And its Broker page reads the queue lengths, which its Redis user may
+        assert _status(f"{base}/api/queues/length", login) == 200
+    # And Redis refused none of its commands (events, broker page)
+    assert redis_with_users.denials() == []

@@ -281,3 +281,31 @@ def test_a_requests_timeout_never_goes_past_the_workers_maximum(
     assert result.error.details.get("reason") == "timeout"
     assert result.error.details.get("timeout_s") == 1
     assert time.monotonic() - started < 15
+
+
+def test_a_raw_message_cannot_link_another_invocation(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, tmp_path: Path
+) -> None:
+    # Given a read request whose options link a write invocation as its callback
+    start_worker(redis_url)
+    target = tmp_path / "linked-write.txt"
+    linked = f"linked-{uuid.uuid4()}"
+    callback = {
+        "task": TASK_INVOKE,
+        "args": [{"skill": "test/basic", "tool": "test/count-write",
+                  "arguments": {"path": str(target)}, "allow_writes": True}],
+        "kwargs": {}, "options": {"task_id": linked, "queue": "skills.write"},
+        "subtask_type": None, "immutable": True,
+    }
+    task_id = f"linking-{uuid.uuid4()}"
+    body = json.dumps([
+        [{"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": "x"}}],
+        {}, {"callbacks": [callback], "errbacks": [callback], "chain": None, "chord": None},
+    ]).encode()
+    _publish(redis_url, body, _task_headers(task_id))
+
+    # Then the request runs, and nothing linked to it is ever sent
+    assert client.wait(task_id, timeout=60).success
+    time.sleep(3)
+    assert client.get(linked) is None
+    assert not target.exists()

@@ -3,15 +3,18 @@
 Settings come from ``celeryconfig`` (the environment), read when the app first
 needs them. Folders, patches of third-party internals and the catalogue are set up
 when a worker starts (``worker.signals``), never at import and never in Flower's
-or another command's process. The one exception is Flower's default columns
-(``worker.flower_columns``), which Flower can only take from the environment.
+or another command's process. Two things are not: Flower's default columns
+(``worker.flower_columns``), set at import since Flower can only take them from
+the environment, and message signing (``worker.signing``), turned on when the
+configuration is read in every process of the app, since remote control is signed
+too.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from worker import flower_columns
+from worker import flower_columns, signing
 
 __all__ = ["app"]
 
@@ -19,5 +22,7 @@ flower_columns.set_default()
 
 app = Celery("cleveragents", include=["tasks.invoke", "tasks.batch"])
 app.config_from_object("celeryconfig")
+# Message signing, when configured, in every process that reads the configuration.
+app.on_after_configure.connect(signing.sign_when_configured, weak=False)
 
 from worker import signals as _signals  # noqa: E402,F401  (connects start-up hooks)

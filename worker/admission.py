@@ -2,12 +2,13 @@
 
 Whoever can reach the broker can send any message. A message is refused (and
 answered with a ``validation_error`` under its id) unless it is small (body and
-headers), uncompressed, JSON, names one of our two tasks, and has the protocol-2
-envelope Celery expects. What an admitted message may ask of the worker is then
-cut down to what a skill invocation needs: the producer's time limits, ETA,
-expiry, retry count and linked tasks are dropped, since the worker's own limits
-decide (docs/guarantees.md). The worker's own hard time limit is set instead
-(``worker/time_limits.py``).
+headers), uncompressed, JSON (with message signing on: signed JSON, and nothing
+else), names one of our two tasks, and has the protocol-2 envelope Celery
+expects; a signed ``skills.invoke`` must carry its task id in its signed body.
+What an admitted message may ask of the worker is then cut down to what a skill
+invocation needs: the producer's time limits, ETA, expiry, retry count and linked
+tasks are dropped, since the worker's own limits decide (docs/guarantees.md). The
+worker's own hard time limit is set instead (``worker/time_limits.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from celery.exceptions import SecurityError
 from kombu import compression
+from kombu.exceptions import DecodeError
 
 from cleveragents.constants import MAX_MESSAGE_BYTES, TASK_INVOKE, TASK_INVOKE_CHUNK
+from cleveragents.signing import (
+    SIGNED_BODY_CONTENT_TYPE,
+    SIGNED_CONTENT_TYPE,
+    signed_body_content_type,
+)
 from worker import state
 from worker.time_limits import hard_limit_s
 
@@ -28,9 +36,10 @@ __all__ = [
     "envelope_problem",
     "refuse_compressed_bodies",
     "sanitise",
+    "signed_id_problem",
 ]
 
-#: The only content type a worker decodes.
+#: The only content type a worker decodes (SIGNED_CONTENT_TYPE instead with signing on).
 ACCEPTED_CONTENT_TYPE = "application/json"
 #: The only tasks a worker runs; Celery's built-ins (``celery.*``) are refused too.
 ACCEPTED_TASKS = frozenset({TASK_INVOKE, TASK_INVOKE_CHUNK})
@@ -38,7 +47,7 @@ ACCEPTED_TASKS = frozenset({TASK_INVOKE, TASK_INVOKE_CHUNK})
 _DROPPED_HEADERS = ("timelimit", "soft_time_limit", "time_limit", "expires", "eta",
                     "countdown", "shadow", "stamps", "stamped_headers")
 #: The options part of an admitted body: no linked tasks, chains or chords.
-_NO_LINKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+NO_LINKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 class CompressedMessageRefused(ValueError):
@@ -71,21 +80,34 @@ def _raw_size(message: Any) -> int:
     return size
 
 
-def admission_problem(message: Any) -> str | None:
-    """Why the raw message is refused before decoding, or None when it may be decoded."""
+def admission_problem(
+    message: Any, content_type: str = ACCEPTED_CONTENT_TYPE
+) -> str | None:
+    """Why the raw message is refused before decoding, or None when it may be decoded.
+
+    ``content_type`` is the one this worker decodes: JSON, or with message signing
+    on, ``SIGNED_CONTENT_TYPE`` wrapping JSON, and then nothing else.
+    """
     size = _raw_size(message)
     if size > MAX_MESSAGE_BYTES:
         return f"the message is {size} bytes, more than the limit of {MAX_MESSAGE_BYTES}"
     headers = getattr(message, "headers", None) or {}
     if headers.get("compression"):
         return "compressed messages are not accepted"
-    content_type = getattr(message, "content_type", None)
-    if content_type != ACCEPTED_CONTENT_TYPE:
-        return f"content type {content_type!r} is not accepted (JSON only)"
+    actual = getattr(message, "content_type", None)
+    if actual != content_type:
+        only = "signed messages only" if content_type == SIGNED_CONTENT_TYPE else "JSON only"
+        return f"content type {actual!r} is not accepted ({only})"
     task = headers.get("task")
     if task not in ACCEPTED_TASKS:
         shown = task if isinstance(task, str) and len(task) <= 100 else "?"
         return f"task {shown!r} is not accepted (only {', '.join(sorted(ACCEPTED_TASKS))})"
+    if content_type == SIGNED_CONTENT_TYPE:
+        # What the signature covers is decoded by the type named inside it, whatever
+        # that is: a signer's pickle must not reach pickle.loads either.
+        inner = signed_body_content_type(getattr(message, "body", None))
+        if inner != SIGNED_BODY_CONTENT_TYPE:
+            return "the signed body is not JSON" if inner else "the body is not a signed message"
     return None
 
 
@@ -101,7 +123,12 @@ def envelope_problem(message: Any) -> str | None:
         return "the headers name no task"
     if not isinstance(headers.get("id"), str):
         return "the headers carry no task id"
-    body = message.payload  # decoded once; kombu caches it for Celery
+    try:
+        body = message.payload  # decoded once; kombu caches it for Celery
+    except DecodeError as exc:
+        if exc.args and isinstance(exc.args[0], SecurityError):
+            return "its signature does not verify (unknown signer, other key or changed body)"
+        raise
     if not (isinstance(body, list) and len(body) == 3):
         return "the body is not [args, kwargs, options]"
     args, kwargs, embed = body
@@ -109,6 +136,24 @@ def envelope_problem(message: Any) -> str | None:
         return "the body's args or kwargs have the wrong type"
     if embed is not None and not isinstance(embed, dict):
         return "the body's options are not an object"
+    return None
+
+
+def signed_id_problem(message: Any) -> str | None:
+    """Why a signed message's task id is not the one its signed body names, or None.
+
+    Celery signs the body, not the headers: without this, a captured ``skills.invoke``
+    sent again under a new task id would run again. Its result is stored under the
+    request id, so a signed request's id must be the task id. (A chunk's requests
+    each carry their own id in the signed body.)
+    """
+    if message.headers.get("task") != TASK_INVOKE:
+        return None
+    args, kwargs, _ = message.payload
+    body = args[0] if len(args) == 1 and isinstance(args[0], dict) else kwargs
+    signed_id = body.get("request_id") if isinstance(body, dict) else None
+    if signed_id != message.headers.get("id"):
+        return "the task id is not the request id of the signed body"
     return None
 
 
@@ -123,7 +168,7 @@ def sanitise(message: Any) -> None:
         headers.pop(name, None)
     headers["retries"] = 0
     body = message.payload  # the cached list Celery reads again: changed in place
-    body[2] = dict(_NO_LINKS)
+    body[2] = dict(NO_LINKS)
     current = state.current()
     hard = hard_limit_s(headers.get("task"), body[0], current.catalogue, current.settings)
     # Celery's Request reads time_limits from this header: [hard, soft]. No soft limit:

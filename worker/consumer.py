@@ -16,13 +16,16 @@ from celery.worker.consumer import Consumer
 from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_WRITE
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
+from cleveragents.signing import SIGNED_CONTENT_TYPE, SIGNED_SERIALIZER
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 from worker import state
 from worker.admission import (
+    ACCEPTED_CONTENT_TYPE,
     admission_problem,
     envelope_problem,
     refuse_compressed_bodies,
     sanitise,
+    signed_id_problem,
 )
 
 __all__ = ["SkillConsumer"]
@@ -54,6 +57,11 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         refuse_compressed_bodies()  # at worker start, in the process that decodes messages
         super().__init__(*args, **kwargs)
+        # With message signing on, signed messages are the only ones admitted.
+        self.signed_only = self.app.conf.task_serializer == SIGNED_SERIALIZER
+        self.admitted_content_type = (
+            SIGNED_CONTENT_TYPE if self.signed_only else ACCEPTED_CONTENT_TYPE
+        )
 
     def add_task_queue(self, queue: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """Consume one more queue; a read-only worker never takes a write queue."""
@@ -66,8 +74,10 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's handler, behind checks that refuse bad messages undecoded.
 
-        Too large, compressed, not JSON, or not one of our tasks (worker/admission.py):
-        answered with a ``validation_error`` and acked, the body never logged.
+        Too large, compressed, not JSON (or with signing on, not signed JSON, or
+        signed by no certificate of the store), or not one of our tasks
+        (worker/admission.py): answered with a ``validation_error`` and acked, the
+        body never logged.
         kombu passes "raw" content types (``text/plain``, ...) through undecoded and
         Celery then fails on them outside its own error handling, stopping the
         consumer; any other error of a malformed envelope is contained the same way.
@@ -79,11 +89,13 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
             message.ack()
 
         def on_task_received(message: Any) -> Any:
-            problem = admission_problem(message)
+            problem = admission_problem(message, self.admitted_content_type)
             if problem is not None:
                 return refuse(message, problem)
             try:
                 problem = envelope_problem(message)
+                if problem is None and self.signed_only:
+                    problem = signed_id_problem(message)
                 if problem is not None:
                     return refuse(message, problem)
                 sanitise(message)
@@ -122,7 +134,9 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         """A body that does not decode (not JSON, compressed): answer it, ack it, never log it."""
-        why = admission_problem(message) or f"the body cannot be decoded ({type(exc).__name__})"
+        why = admission_problem(message, self.admitted_content_type) or (
+            f"the body cannot be decoded ({type(exc).__name__})"
+        )
         self._answer(message, why)
         message.ack()
 

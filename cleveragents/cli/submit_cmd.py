@@ -43,22 +43,16 @@ def _arguments(raw: str | None, path: str | None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def local_worker_if_embedded(settings: Settings) -> Iterator[LocalWorker | None]:
-    """On the embedded default, run a local worker for the duration of the command.
+    """On the embedded default, use the home's local worker for the duration of the command.
 
-    When the body ends normally it has every result it waited for, so the worker
-    is stopped at once; on an error or Ctrl-C a warm shutdown puts unfinished
-    messages back in the queue.
+    Commands running at once on one home share one worker: the first starts it,
+    the last one out stops it (``cleveragents.embedded.runner``).
     """
     if not settings.embedded:
         yield None
         return
-    local = LocalWorker(settings).start()
-    try:
+    with LocalWorker(settings) as local:
         yield local
-    except BaseException:
-        local.stop()
-        raise
-    local.stop(drained=True)
 
 
 def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:

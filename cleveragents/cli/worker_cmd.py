@@ -9,6 +9,7 @@ import click
 
 from cleveragents.embedded.runner import worker_command
 from cleveragents.settings import Settings
+from cleveragents.signing import check_signing
 
 __all__ = ["worker"]
 
@@ -34,7 +35,9 @@ def worker(celery_options: tuple[str, ...]) -> None:
             os.environ["CLEVERAGENTS_LOG_FORMAT"] = option.split("=", 1)[1]
             del options[i]
             break
-    Settings.from_env()  # a bad setting: one line and exit 2 here, not a failed start later
+    settings = Settings.from_env()  # a bad setting: one line and exit 2 here, not a failed start
+    if settings.signing is not None:
+        check_signing(settings.signing)  # and so is a signing key that does not load
     if not any(o in ("-l", "--loglevel") or o.startswith("--loglevel=") for o in options):
         # Celery's default (WARNING) hides the one line per invocation (docs/operations.md).
         options = ["--loglevel", "INFO", *options]

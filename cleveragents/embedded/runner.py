@@ -1,4 +1,11 @@
-"""Start and stop a local Celery worker process for one command on the embedded default."""
+"""The local worker of an embedded home: started by the first command that needs it,
+stopped by the last one (``cleveragents.embedded.share`` says how they agree).
+
+Commands that run at once on one home share one worker process; none of them
+stops it under another. What the worker holds when it is stopped is not lost:
+it holds nothing (it is killed at once, in milliseconds), or it gets a warm
+shutdown, and whatever it still held goes back to the queue either way.
+"""
 
 from __future__ import annotations
 
@@ -7,96 +14,165 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-from pathlib import Path
+import uuid
+from collections.abc import Callable
 from types import TracebackType
+from typing import IO
 
+from cleveragents.embedded.folders import EmbeddedFolders
+from cleveragents.embedded.inflight import held_by, restore_orphans
+from cleveragents.embedded.share import (
+    HomeShare,
+    WorkerRecord,
+    group_alive,
+    join,
+    leave_last,
+    process_started,
+)
 from cleveragents.errors import ConfigurationError
 from cleveragents.settings import Settings
 
-__all__ = ["LocalWorker", "worker_command"]
+__all__ = ["LOCAL_WORKER_ENV", "LocalWorker", "stop_worker", "worker_command"]
 
 #: How long a local worker may take to become ready.
 START_TIMEOUT_S = 60.0
 #: How long a warm shutdown may take before the worker is killed.
 STOP_TIMEOUT_S = 15.0
+#: How long the processes of a killed worker may take to disappear.
+KILL_WAIT_S = 5.0
+#: How long a stop waits for the acks of results just stored (``acks_late``: the
+#: result is stored, then the message acknowledged, milliseconds apart).
+ACK_GRACE_S = 1.0
+#: The Celery app of a local worker: the skill worker's, plus the watch on its users.
+LOCAL_APP = "cleveragents.embedded.app"
+#: Set (to "1") in a local worker's environment.
+LOCAL_WORKER_ENV = "CLEVERAGENTS_LOCAL_WORKER"
 
 
-def worker_command(*extra: str) -> list[str]:
+def worker_command(*extra: str, app: str = "worker") -> list[str]:
     """``celery -A worker worker`` run by this interpreter, with extra options."""
-    return [sys.executable, "-m", "celery", "-A", "worker", "worker", *extra]
+    return [sys.executable, "-m", "celery", "-A", app, "worker", *extra]
+
+
+def _queue_folder(settings: Settings) -> str:
+    return str(EmbeddedFolders.under(settings.home).queue)
+
+
+def _wait_until(done: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def stop_worker(share: HomeShare, queue_folder: str) -> None:
+    """Stop the recorded worker of a home (the caller holds the users lock exclusively)."""
+    record = share.read()
+    if record is not None and record.alive():
+        if not _wait_until(lambda: not held_by(queue_folder, record.pid), ACK_GRACE_S):
+            # It runs or has reserved messages nobody waits for (a submit without
+            # --wait): a warm shutdown lets running tools finish, reserved ones go back.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, signal.SIGTERM)
+            _wait_until(lambda: not record.alive(), STOP_TIMEOUT_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signal.SIGKILL)
+        _wait_until(lambda: not group_alive(record.pid), KILL_WAIT_S)
+    share.clear()
+    # A message it fetched after the check, or held past the warm shutdown: back in the queue.
+    restore_orphans(queue_folder)
 
 
 class LocalWorker:
-    """A real Celery worker process over the embedded on-disk broker, for one command."""
+    """One command's share of its home's local Celery worker (a context manager)."""
 
     def __init__(self, settings: Settings, *, concurrency: int = 2) -> None:
         self.settings = settings
+        #: Worker processes, when this command is the one that starts the worker.
         self.concurrency = concurrency
-        self.process: subprocess.Popen[bytes] | None = None
+        self.share = HomeShare(settings.home)
         self.log_path = settings.home.resolve() / "logs" / "local-worker.log"
+        #: The shared worker's PID once joined.
+        self.pid: int | None = None
+        self._users: IO[bytes] | None = None
 
     def start(self) -> LocalWorker:
-        """Start the worker and wait until it consumes."""
+        """Join the home's local worker, starting it if none runs; return once it consumes."""
+        if self._users is not None:
+            return self
+        users = self.share.open_users()
+        self._users = users
+        try:
+            join(users)
+            with self.share.starting():
+                record = self.share.read()
+                if record is None or not record.alive():
+                    record = self._spawn()
+                    self.share.write(record)
+            self.pid = record.pid
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Leave the worker; the last command to leave stops it."""
+        users, self._users = self._users, None
+        self.pid = None
+        if users is None:
+            return
+        with users:  # closing the file drops whatever lock is left
+            if leave_last(users):
+                stop_worker(self.share, _queue_folder(self.settings))
+
+    def _spawn(self) -> WorkerRecord:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        ready = Path(tempfile.mkdtemp(prefix="cleveragents-ready-")) / "ready"
+        ready = self.share.folder / f"ready-{uuid.uuid4().hex}"
         env = dict(os.environ)
         env["CLEVERAGENTS_HOME"] = str(self.settings.home.resolve())
         env["CLEVERAGENTS_READY_FILE"] = str(ready)
+        env[LOCAL_WORKER_ENV] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
         command = worker_command(
-            "--loglevel",
-            "WARNING",
-            "--concurrency",
-            str(self.concurrency),
-            "--hostname",
-            f"embedded-{os.getpid()}@%h",
-            "--without-mingle",
-            "--without-gossip",
-            "--without-heartbeat",
+            *("--loglevel", "WARNING", "--concurrency", str(self.concurrency)),
+            *("--hostname", f"embedded-{os.getpid()}@%h"),
+            *("--without-mingle", "--without-gossip", "--without-heartbeat"),
+            app=LOCAL_APP,
         )
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
+            proc = subprocess.Popen(
                 command,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True,  # its own process group: stopped as a whole
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not ready.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise ConfigurationError(
-                    f"the local worker did not start (log {self.log_path}): {' | '.join(tail)}"
-                )
-            time.sleep(0.05)
-        return self
+        # Reap it whenever it ends, even if another command is the one that stops it.
+        threading.Thread(target=proc.wait, name="local-worker-reaper", daemon=True).start()
+        try:
+            started = process_started(proc.pid)
+            up = _wait_until(lambda: ready.exists() or proc.poll() is not None, START_TIMEOUT_S)
+            if started is None or not up or proc.poll() is not None:
+                raise ConfigurationError(f"the local worker did not start (log {self.log_path})")
+        except BaseException as exc:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _wait_until(lambda: not group_alive(proc.pid), KILL_WAIT_S)
+            if isinstance(exc, ConfigurationError):
+                raise ConfigurationError(f"{exc}: {self._log_tail()}") from None
+            raise
+        finally:
+            ready.unlink(missing_ok=True)
+        return WorkerRecord(proc.pid, started)
 
-    def stop(self, *, drained: bool = False) -> None:
-        """Stop the worker: warm shutdown (unfinished messages go back to the queue),
-        then kill whatever is left of its process group.
-
-        ``drained=True`` says every submitted invocation has its result, so nothing is
-        in flight and the worker is killed at once instead of waiting seconds for a
-        warm shutdown.
-        """
-        proc = self.process
-        if proc is None:
-            return
-        self.process = None
-        if proc.poll() is None and not drained:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(STOP_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
+    def _log_tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return " | ".join(lines[-3:])
 
     def __enter__(self) -> LocalWorker:
         return self.start()
