@@ -139,6 +139,34 @@ def test_a_tool_that_cannot_be_interrupted_costs_its_pool_process_not_the_worker
     assert all(r.result(timeout=30).success for r in replies)
 
 
+def test_a_chunk_ended_by_the_hard_limit_runs_its_other_invocations_and_ends_the_culprit(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    # Given a batch chunk whose middle invocation cannot be interrupted
+    worker = _start(start_worker, redis_url)
+    requests = [
+        client.build_request(SKILL, tool, request_id=f"chunk-{i}-{uuid.uuid4()}")
+        for i, tool in enumerate(["test/quick-pid", "test/unstoppable", "test/quick-pid"])
+    ]
+
+    # When the chunk runs (results read from the store: chunks publish none)
+    client.send_chunk(requests)
+    ids = [r.request_id for r in requests]
+    wait_until(lambda: all(client.get(i) is not None for i in ids), 150, "every result")
+    results = [client.get(i) for i in ids]
+
+    # Then the others succeed, and the culprit ends as a poison message: each hard
+    # limit gave the chunk back, and its deliveries were counted
+    first, culprit, last = results
+    assert first is not None
+    assert culprit is not None
+    assert last is not None
+    assert first.success, first.error
+    assert last.success, last.error
+    assert _failed(culprit, "poison_message")["attempts"] == 3
+    assert worker.alive()
+
+
 # --- descendants that cannot escape -----------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     celeryd_after_setup,
+    task_prerun,
     worker_init,
     worker_process_init,
     worker_ready,
@@ -69,6 +71,22 @@ def _log_start(**_: Any) -> None:
 @worker_process_init.connect
 def _load_in_child(**_: Any) -> None:
     state.current()
+
+
+_sigterm_default = [False]
+
+
+@task_prerun.connect
+def _die_on_sigterm(**_: Any) -> None:
+    # A pool process gets SIGTERM when the hard time limit ends it (SIGKILL follows
+    # 0.1 s later). billiard's handler raises SystemExit inside the running tool, which
+    # the python kind would report as the tool's own sys.exit, and the dying process
+    # could store that over the time-out. So a pool process simply dies on SIGTERM.
+    # Set here, before its first task: billiard installs its handler after
+    # worker_process_init.
+    if not _sigterm_default[0]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _sigterm_default[0] = True
 
 
 @worker_ready.connect
