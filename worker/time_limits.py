@@ -33,8 +33,7 @@ from cleveragents.constants import HARD_LIMIT_GRACE_S, TASK_INVOKE, TASK_INVOKE_
 from cleveragents.error_types import SkillErrorType
 from cleveragents.guard import CLAIM_GRACE_S
 from cleveragents.outcomes import failed_result, names_of
-from cleveragents.runtime.invoke import effective_timeout
-from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.runtime.invoke import timeout_of
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
@@ -42,6 +41,8 @@ from cleveragents.wire import SkillInvocationFailed, failure_summary, result_pay
 __all__ = ["HardLimitMixin", "chunk_budget_s", "hard_limit_s", "install", "invocation_budget_s"]
 
 log = logging.getLogger("cleveragents.worker")
+#: Tools looked up so far: (skill, tool) -> (the tool's timeout, claims a write), None if unknown.
+_Tools = dict[tuple[str, str], tuple[float | None, bool] | None]
 
 
 def _request_timeout(body: dict[str, Any]) -> float | None:
@@ -51,33 +52,42 @@ def _request_timeout(body: dict[str, Any]) -> float | None:
     return None  # absent or invalid: the runtime refuses an invalid one before any tool runs
 
 
-def invocation_timeout(body: Any, catalogue: Catalogue, settings: Settings) -> tuple[float, bool]:
+def invocation_timeout(
+    body: Any, catalogue: Catalogue, settings: Settings, tools: _Tools | None = None
+) -> tuple[float, bool]:
     """The invocation's timeout as the runtime computes it, and whether it claims a write.
 
     An unknown skill or tool, or a body that is not a request, gets the default.
+    ``tools`` remembers the tools already looked up (a chunk names a few, many times).
     """
     default = min(settings.default_timeout_s, settings.max_timeout_s)
     if not isinstance(body, dict):
         return default, False
-    skill, tool = names_of(body)
-    try:
-        _, entry = catalogue.find_tool(skill, tool)
-    except Exception:  # not in the catalogue: the runtime answers at once
+    names = names_of(body)
+    tools = {} if tools is None else tools
+    if names not in tools:
+        try:
+            spec = catalogue.find_tool(*names)[1].tool
+            tools[names] = (spec.timeout_s, spec.write_capable and not spec.idempotent)
+        except Exception:  # not in the catalogue: the runtime answers at once
+            tools[names] = None
+    found = tools[names]
+    if found is None:
         return default, False
-    request = SkillInvocationRequest.model_construct(
-        skill=skill, tool=tool, timeout_s=_request_timeout(body)
-    )
-    timeout = effective_timeout(entry, request, settings.default_timeout_s, settings.max_timeout_s)
-    return timeout, entry.tool.write_capable and not entry.tool.idempotent
+    tool_s, claims = found
+    request_s = _request_timeout(body)
+    return timeout_of(tool_s, request_s, settings.default_timeout_s, settings.max_timeout_s), claims
 
 
-def invocation_budget_s(body: Any, catalogue: Catalogue, settings: Settings) -> float:
+def invocation_budget_s(
+    body: Any, catalogue: Catalogue, settings: Settings, tools: _Tools | None = None
+) -> float:
     """How long one invocation may take in its task, before the grace.
 
     Its timeout; a write that is not idempotent may first wait for an earlier
     delivery's claim, which lasts the timeout plus ``CLAIM_GRACE_S``.
     """
-    timeout, claims = invocation_timeout(body, catalogue, settings)
+    timeout, claims = invocation_timeout(body, catalogue, settings, tools)
     return timeout + CLAIM_GRACE_S if claims else timeout
 
 
@@ -108,7 +118,8 @@ def hard_limit_s(task: Any, args: Any, catalogue: Catalogue, settings: Settings)
     if task == TASK_INVOKE_CHUNK:
         bodies = args[0] if args and isinstance(args[0], list) else []
         slice_s, per_check = _chunk_pacing()
-        budgets = [invocation_budget_s(body, catalogue, settings) for body in bodies]
+        tools: _Tools = {}
+        budgets = [invocation_budget_s(body, catalogue, settings, tools) for body in bodies]
         return chunk_budget_s(budgets, slice_s, per_check) + HARD_LIMIT_GRACE_S
     body = args[0] if len(args) == 1 else None
     return invocation_budget_s(body, catalogue, settings) + HARD_LIMIT_GRACE_S

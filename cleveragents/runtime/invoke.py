@@ -37,6 +37,7 @@ __all__ = [
     "effective_timeout",
     "invoke",
     "parse_request",
+    "timeout_of",
 ]
 
 #: A tool's timeout when neither the tool nor the request sets one (CLEVERAGENTS_DEFAULT_TIMEOUT_S).
@@ -119,7 +120,14 @@ def effective_timeout(
 
     Never more than ``maximum``: a producer does not set the worker's clock.
     """
-    given = [t for t in (entry.tool.timeout_s, request.timeout_s) if t is not None]
+    return timeout_of(entry.tool.timeout_s, request.timeout_s, default, maximum)
+
+
+def timeout_of(
+    tool_s: float | None, request_s: float | None, default: float, maximum: float = MAX_TIMEOUT_S
+) -> float:
+    """``effective_timeout`` from the two timeouts themselves (the worker's hard limit uses it)."""
+    given = [t for t in (tool_s, request_s) if t is not None]
     return min(min(given) if given else default, maximum)
 
 
