@@ -201,6 +201,17 @@ class SkillClient:
             headers={SENT_AT_HEADER: time.time()},
         )
 
+    def revoke(self, request_id: str, *, terminate: bool = False) -> bool:
+        """Revoke an invocation: a queued one never starts; ``terminate`` stops a running one.
+
+        Returns False, doing nothing, on the embedded default: its local worker takes
+        no broadcast commands (``cleveragents.celery_settings``).
+        """
+        if self.settings.embedded:
+            return False
+        self.app.control.revoke(request_id, terminate=terminate, signal="SIGTERM")
+        return True
+
     @property
     def results(self) -> ResultStore:
         """Bulk access to stored results (one round trip for many ids)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cleveragents.errors import ConfigurationError
@@ -136,6 +136,8 @@ class Settings:
     max_timeout_s: float = 3600.0
     #: Sign task messages and accept only signed ones (docs/security.md); None: plain JSON.
     signing: MessageSigning | None = None
+    #: The bearer token of `cleveragents mcp serve --transport http` (docs/mcp.md).
+    mcp_token: str | None = field(default=None, repr=False)
     #: Larger tool output (a command's stdout, a python tool's JSON) is refused.
     max_output_bytes: int = 10_000_000
     #: Who command tools run as (a user name or uid); None: ``nobody`` when a worker
@@ -173,6 +175,7 @@ class Settings:
             remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),
             max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
             signing=MessageSigning.from_env(env),
+            mcp_token=(env.get("CLEVERAGENTS_MCP_TOKEN") or "").strip() or None,
             max_output_bytes=_positive_int(env, "CLEVERAGENTS_MAX_OUTPUT_BYTES", 10_000_000),
             tool_user=(env.get("CLEVERAGENTS_TOOL_USER") or "").strip() or None,
         )

@@ -8,6 +8,7 @@ import click
 
 from cleveragents import __version__
 from cleveragents.cli.batch_cmd import batch
+from cleveragents.cli.mcp_cmd import mcp, skills_import
 from cleveragents.cli.metrics_cmd import metrics
 from cleveragents.cli.skills_cmd import skills
 from cleveragents.cli.submit_cmd import result, submit
@@ -29,6 +30,8 @@ cli.add_command(result)
 cli.add_command(worker)
 cli.add_command(batch)
 cli.add_command(metrics)
+cli.add_command(mcp)
+skills.add_command(skills_import)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,86 @@
+"""``SkillResult`` to MCP ``CallToolResult``, and the results the server answers itself.
+
+- Success: ``structuredContent`` is the tool's ``output_data`` and one text block
+  holds the same data as JSON (for clients that read text only). MCP (through
+  2025-11-25) wants ``structuredContent`` to be a JSON object, so other data
+  (a list, a string, a number) is given as ``{"result": data}``, as the SDK's own
+  ``MCPServer`` does; such tools declare no ``outputSchema``.
+- Failure: ``isError: true`` and one text block ``"<error_type>: <message>"``, so a
+  model reads which kind of failure it was (``validation_error``,
+  ``permission_denied``, ...) and can correct its call.
+- Either way ``_meta`` carries ``cleveragents/request_id`` (the invocation's id,
+  for ``cleveragents result ID``), and on failure ``cleveragents/error`` (the
+  ``SkillError`` as JSON) or on success ``cleveragents/resource_changes``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mcp import types
+
+from cleveragents.error_types import SkillErrorType
+from cleveragents.mcp.naming import ToolRoute
+from cleveragents.outcomes import failed_result
+from cleveragents.skills import SkillResult
+from cleveragents.skills.mcp import META_PREFIX
+
+__all__ = ["META_ERROR", "META_REQUEST_ID", "call_result", "revoked_result", "writes_refused"]
+
+#: ``_meta`` key of a call result: the invocation's request id.
+META_REQUEST_ID = f"{META_PREFIX}request_id"
+#: ``_meta`` key of a failed call result: the ``SkillError`` as JSON.
+META_ERROR = f"{META_PREFIX}error"
+_META_CHANGES = f"{META_PREFIX}resource_changes"
+
+
+def _text(value: Any) -> types.TextContent:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return types.TextContent(type="text", text=text)
+
+
+def call_result(result: SkillResult, request_id: str | None) -> types.CallToolResult:
+    """The MCP answer to a ``tools/call`` that ended with ``result``."""
+    meta: dict[str, Any] = {META_REQUEST_ID: request_id} if request_id else {}
+    if not result.success:
+        error = result.error
+        kind = str(error.error_type) if error else str(SkillErrorType.TOOL_EXECUTION_FAILURE)
+        message = error.message if error else "the invocation failed"
+        if error is not None:
+            meta[META_ERROR] = error.model_dump(mode="json")
+        return types.CallToolResult(
+            content=[_text(f"{kind}: {message}")], is_error=True, meta=meta or None
+        )
+    data = result.output_data
+    structured = data if isinstance(data, dict) else {"result": data}
+    if result.resource_changes:
+        meta[_META_CHANGES] = result.resource_changes
+    return types.CallToolResult(
+        content=[_text(json.dumps(data, ensure_ascii=False))],
+        structured_content=structured,
+        meta=meta or None,
+    )
+
+
+def writes_refused(route: ToolRoute) -> SkillResult:
+    """The ``permission_denied`` result of a write-capable tool on a server without writes."""
+    return failed_result(
+        route.skill,
+        route.tool,
+        SkillErrorType.PERMISSION_DENIED,
+        f"tool {route.tool} of skill {route.skill} is write-capable and this MCP server "
+        "was started without --allow-writes; nothing was run",
+        {"gate": "mcp_server_disallows_writes", "gates": ["mcp_server_disallows_writes"]},
+    )
+
+
+def revoked_result(route: ToolRoute, request_id: str) -> SkillResult:
+    """The result of an invocation revoked before it ended (it has no result of its own)."""
+    return failed_result(
+        route.skill,
+        route.tool,
+        SkillErrorType.TOOL_EXECUTION_FAILURE,
+        f"invocation {request_id} was revoked before it ended",
+        {"reason": "revoked"},
+    )

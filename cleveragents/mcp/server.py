@@ -1,0 +1,183 @@
+"""The MCP server over the catalogue: ``tools/list`` is the catalogue, ``tools/call`` the queue.
+
+Built on the SDK's low-level ``Server`` (``mcp.server.lowlevel``) rather than
+``MCPServer``: ``MCPServer`` derives each tool's schema from a Python function
+and validates arguments itself, while here the tools are the catalogue's (their
+schemas come from skill files) and the worker does the validating, so that a
+call through MCP meets exactly the gates and checks of any other invocation.
+
+A call is one invocation sent with ``SkillClient`` (Flower, metrics and the
+guarantees apply), then waited for by polling the result store from worker
+threads, so the event loop stays free: progress is reported once a second while
+the client asked for it, and ``notifications/cancelled`` (which cancels the
+handler) revokes the invocation: a queued one never starts, a running read is
+terminated, a running write is left to finish (and the log says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp.types.jsonrpc import INVALID_PARAMS
+
+from cleveragents import __version__
+from cleveragents.client import SkillClient
+from cleveragents.error_types import SkillErrorType
+from cleveragents.errors import SchemaValidationError
+from cleveragents.mcp.naming import ToolRoute, ToolTable
+from cleveragents.mcp.results import call_result, revoked_result, writes_refused
+from cleveragents.outcomes import failed_result
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.skills import SkillResult
+
+__all__ = ["PROGRESS_INTERVAL_S", "SERVER_NAME", "FleetTools", "build_server"]
+
+log = logging.getLogger("cleveragents.mcp")
+
+#: The server's name in ``initialize`` (``serverInfo.name``).
+SERVER_NAME = "cleveragents"
+#: How often a waiting call reports progress and reads its invocation's state.
+PROGRESS_INTERVAL_S = 1.0
+#: First and longest pause between two reads of the result store while a call waits.
+FIRST_POLL_S = 0.02
+MAX_POLL_S = 0.25
+#: Celery states that mean the invocation is over.
+_ENDED = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+_INSTRUCTIONS = (
+    "Each tool is one tool of one skill of the CleverAgents catalogue; calls run as "
+    "invocations on Celery workers. _meta cleveragents/skill and cleveragents/tool name them."
+)
+
+
+def _describe(state: str) -> str:
+    if state == "STARTED":
+        return "running"
+    if state in ("PENDING", "RECEIVED"):
+        return "queued"
+    return state.lower()
+
+
+class FleetTools:
+    """The ``tools/list`` and ``tools/call`` handlers: the catalogue, run through the queue."""
+
+    def __init__(
+        self,
+        table: ToolTable,
+        client: SkillClient,
+        *,
+        allow_writes: bool = False,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
+    ) -> None:
+        self.table = table
+        self.client = client
+        self.allow_writes = allow_writes
+        self.progress_interval_s = progress_interval_s
+        self._listing = types.ListToolsResult(
+            tools=[types.Tool.model_validate(tool) for tool in table.tools]
+        )
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        """The whole catalogue in one page."""
+        return self._listing
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        """Run one call as an invocation on the fleet and answer with its result."""
+        route = self.table.route(params.name)
+        if route is None:
+            raise MCPError(INVALID_PARAMS, f"unknown tool: {params.name}")
+        if route.write_capable and not self.allow_writes:
+            log.warning("refused %s: write-capable and no --allow-writes", route.name)
+            return call_result(writes_refused(route), None)
+        try:
+            request = self.client.build_request(
+                route.skill,
+                route.tool,
+                params.arguments or {},
+                allow_writes=route.write_capable,
+            )
+        except SchemaValidationError as exc:
+            kind = SkillErrorType.VALIDATION_ERROR
+            return call_result(failed_result(route.skill, route.tool, kind, str(exc)), None)
+        return call_result(await self._run(ctx, route, request), request.request_id)
+
+    async def _run(
+        self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request: SkillInvocationRequest
+    ) -> SkillResult:
+        try:
+            await anyio.to_thread.run_sync(lambda: self.client.send(request, skip_if_done=False))
+            log.info("call %s: invocation %s sent", route.name, request.request_id)
+            return await self._wait(ctx, route, request.request_id)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.cancel, route, request.request_id)
+            raise
+
+    async def _wait(
+        self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request_id: str
+    ) -> SkillResult:
+        started = time.monotonic()
+        next_report = started + self.progress_interval_s
+        pause = FIRST_POLL_S
+        while True:
+            found = await anyio.to_thread.run_sync(
+                self.client.get, request_id, abandon_on_cancel=True
+            )
+            if found is not None:
+                return found
+            if time.monotonic() >= next_report:
+                state = await anyio.to_thread.run_sync(
+                    self.client.state, request_id, abandon_on_cancel=True
+                )
+                if state == "REVOKED":
+                    return revoked_result(route, request_id)
+                # A no-op unless the client sent a progressToken with its call.
+                await ctx.session.report_progress(
+                    round(time.monotonic() - started, 3), None, _describe(state)
+                )
+                next_report = time.monotonic() + self.progress_interval_s
+            await anyio.sleep(pause)
+            pause = min(pause * 1.5, MAX_POLL_S)
+
+    def cancel(self, route: ToolRoute, request_id: str) -> None:
+        """Revoke a cancelled call's invocation: stop a read, never a running write."""
+        state = self.client.state(request_id)
+        if state in _ENDED:
+            log.info("cancelled %s (%s) after it ended (%s)", request_id, route.name, state)
+            return
+        if not self.client.revoke(request_id, terminate=not route.write_capable):
+            log.warning(
+                "cancelled %s (%s): the embedded default cannot revoke it; it runs to its end "
+                "and its result is kept (`cleveragents result %s`)",
+                request_id, route.name, request_id,
+            )
+        elif route.write_capable and state == "STARTED":
+            log.warning(
+                "cancelled %s (%s): a running write is not stopped; it is left to finish "
+                "(`cleveragents result %s`)",
+                request_id, route.name, request_id,
+            )
+        else:
+            log.info("cancelled %s (%s): revoked (it was %s)", request_id, route.name,
+                     _describe(state))
+
+
+def build_server(tools: FleetTools) -> Server[Any]:
+    """The SDK server answering ``tools/list`` and ``tools/call`` with ``tools``."""
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        instructions=_INSTRUCTIONS,
+        on_list_tools=tools.list_tools,
+        on_call_tool=tools.call_tool,
+    )
