@@ -227,12 +227,9 @@ def invoke(
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
 
-    Order: resolve the skill, find the tool, apply the write gates, validate the
-    arguments, run the tool (stopped at its timeout, never more than ``max_timeout_s``),
-    validate the output. Output larger than ``max_output_bytes`` (with its resource
-    changes, as JSON) is a ``tool_execution_failure`` (reason ``output_too_large``);
-    None means the process default (``MAX_OUTPUT_BYTES``, 10 MB, unless a worker set
-    ``CLEVERAGENTS_MAX_OUTPUT_BYTES``).
+    Order: resolve the skill, find the tool, apply the write gates, validate the arguments,
+    run the tool (stopped at its timeout, never more than ``max_timeout_s``; output over
+    ``max_output_bytes``, None: the process default, is refused), validate the output.
     ``before_write(request, tool, timeout_s)`` is called right before a
     write-capable tool that is not idempotent starts; what it raises becomes the
     result, and the tool does not start (the worker's at-most-once claim).
@@ -245,8 +242,6 @@ def invoke(
             request, str(exc), {**exc.details, "exception_type": type(exc).__name__}, started
         )
     skill, tool = parsed.skill, parsed.tool
-    if max_output_bytes is None:
-        max_output_bytes = default_output_limit()
     try:
         definition, entry = catalogue.find_tool(skill, tool)
         data, changes = _execute(
@@ -256,7 +251,7 @@ def invoke(
             read_only=read_only,
             default_timeout_s=default_timeout_s,
             max_timeout_s=max_timeout_s,
-            max_output_bytes=max_output_bytes,
+            max_output_bytes=max_output_bytes or default_output_limit(),
             before_write=before_write,
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
