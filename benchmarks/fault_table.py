@@ -13,7 +13,10 @@ tests (the scenarios are the tests' own functions). Prints one row per scenario:
 * recover s: median and worst, as each scenario defines it (below); "-" when a run
   never recovered within its deadline.
 
-Usage: python benchmarks/fault_table.py [--runs 3] [--scale 1.0] [--skip-slow]
+Rows 7 to 10 are hostile tools (``benchmarks/hostile_rows.py``): there ``fail``
+counts outcomes other than the expected failure.
+
+Usage: python benchmarks/fault_table.py [--runs 3] [--scale 1.0] [--skip-slow] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.hostile_rows import rows as hostile_rows  # noqa: E402
 from tests.test_faults import (  # noqa: E402
     IDEMPOTENT,
     READ,
@@ -194,6 +198,7 @@ def scenarios(scale: float, skip_slow: bool) -> list[tuple[str, float, Scenario]
             lambda r: scenario_poison_in_batch(r, n(300), poisons=3, chunk_size=100),
         ),
     ]
+    rows += hostile_rows(VISIBILITY_S)
     return rows
 
 
@@ -251,7 +256,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="invocations multiplier")
     parser.add_argument("--skip-slow", action="store_true", help="skip the ~100 s recovery row")
-    parser.add_argument("--only", default="", help="run rows whose name contains this")
+    parser.add_argument(
+        "--only", default="", help="run rows whose name contains this (comma-separated: any)"
+    )
     args = parser.parse_args()
     for name in list(os.environ):
         if name.startswith("CLEVERAGENTS_"):
@@ -259,7 +266,7 @@ def main() -> None:
     rows: list[Row] = []
     started = time.monotonic()
     for name, visibility, scenario in scenarios(args.scale, args.skip_slow):
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         row = Row(name)
         rows.append(row)
@@ -286,7 +293,9 @@ def main() -> None:
         "recover s: child kills: last kill -> last result; worker kill: new worker "
         "started -> batch ended;\n  redis restart/outage: redis-server up again -> every "
         "result stored (outage: new submissions);\n  outlives visibility: submit -> "
-        "result; poison: submit -> poison result; poisons in batch: batch duration."
+        "result; poison: submit -> poison result; poisons in batch: batch duration;\n"
+        "  hostile tools (7-10): submit -> results (7: -> new pool processes; 8: -> two 1 s "
+        "tools\n  ran side by side)."
     )
     total = time.monotonic() - started
     print(f"visibility timeout {VISIBILITY_S:g}s unless the row says; total {total:.0f}s")

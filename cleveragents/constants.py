@@ -35,8 +35,13 @@ MAX_REQUEST_BYTES = 1_000_000
 MAX_MESSAGE_BYTES = 16_000_000
 #: A batch chunk is sent before its arguments reach this many bytes of JSON.
 MAX_CHUNK_BYTES = 4_000_000
-#: Largest stderr tail kept in a command tool's failure details, in characters.
-STDERR_TAIL_CHARS = 2_000
+#: Largest stderr tail kept in a command tool's failure details, in characters (redacted).
+STDERR_TAIL_CHARS = 1_000
+#: Largest stdout head kept when a command tool's stdout is not JSON, in characters (redacted).
+STDOUT_HEAD_CHARS = 100
+#: Seconds a task may run past its invocation's timeout before Celery's hard time
+#: limit ends its pool process (the backstop for a tool that cannot be stopped).
+HARD_LIMIT_GRACE_S = 5.0
 #: Message header with the time (epoch seconds) a producer sent an invocation.
 SENT_AT_HEADER = "cleveragents_sent_at"
 #: Placeholder shown instead of arguments in Flower and logs.

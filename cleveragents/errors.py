@@ -12,7 +12,8 @@ stands for, so that ``map_tool_error`` never has to guess from message text::
     ├── SchemaValidationError (ValueError) validation_error
     ├── ToolActivationError                tool_activation_failure
     ├── ToolExecutionError                 tool_execution_failure
-    │   └── ToolTimedOut                   ... that outlived its timeout (reason "timeout")
+    │   ├── ToolTimedOut                   ... that outlived its timeout (reason "timeout")
+    │   └── ToolOutputTooLarge             ... with too much output (reason "output_too_large")
     ├── WriteRefused (PermissionError)     permission_denied
     └── ConfigurationError                 bad settings or usage (never crosses the wire)
 """
@@ -34,6 +35,7 @@ __all__ = [
     "SkillResolutionError",
     "ToolActivationError",
     "ToolExecutionError",
+    "ToolOutputTooLarge",
     "ToolTimedOut",
     "WriteRefused",
 ]
@@ -111,6 +113,20 @@ class ToolTimedOut(ToolExecutionError):
         super().__init__(
             f"tool {tool!r} timed out after {timeout_s:g}s and was stopped",
             details={**(details or {}), "reason": "timeout", "timeout_s": timeout_s},
+        )
+
+
+class ToolOutputTooLarge(ToolExecutionError):
+    """Raised when a tool's output is larger than the limit: none of it is kept.
+
+    ``details["reason"] == "output_too_large"`` and ``details["limit_bytes"]``, for
+    every tool kind (CLEVERAGENTS_MAX_OUTPUT_BYTES).
+    """
+
+    def __init__(self, tool: str, what: str, limit_bytes: int) -> None:
+        super().__init__(
+            f"tool {tool!r} produced {what} larger than the limit of {limit_bytes} bytes",
+            details={"reason": "output_too_large", "limit_bytes": limit_bytes},
         )
 
 

@@ -54,6 +54,19 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
 def tool_kind_modules(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """CLEVERAGENTS_TOOL_KINDS: module names separated by ``os.pathsep`` or commas."""
     raw = (os.environ if env is None else env).get("CLEVERAGENTS_TOOL_KINDS") or ""
@@ -125,6 +138,11 @@ class Settings:
     signing: MessageSigning | None = None
     #: The bearer token of `cleveragents mcp serve --transport http` (docs/mcp.md).
     mcp_token: str | None = field(default=None, repr=False)
+    #: Larger tool output (a command's stdout, a python tool's JSON) is refused.
+    max_output_bytes: int = 10_000_000
+    #: Who command tools run as (a user name or uid); None: ``nobody`` when a worker
+    #: runs as root, else the worker's own user.
+    tool_user: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -158,6 +176,8 @@ class Settings:
             max_timeout_s=_positive_float(env, "CLEVERAGENTS_MAX_TIMEOUT_S", 3600.0),
             signing=MessageSigning.from_env(env),
             mcp_token=(env.get("CLEVERAGENTS_MCP_TOKEN") or "").strip() or None,
+            max_output_bytes=_positive_int(env, "CLEVERAGENTS_MAX_OUTPUT_BYTES", 10_000_000),
+            tool_user=(env.get("CLEVERAGENTS_TOOL_USER") or "").strip() or None,
         )
 
     @property

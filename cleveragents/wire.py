@@ -32,6 +32,8 @@ __all__ = [
 
 #: The module Celery records as the failure's ``exc_module``.
 WIRE_MODULE = __name__
+#: The exception Celery stores for a task its hard time limit ended (billiard's class).
+_TIME_LIMIT = "TimeLimitExceeded"
 
 
 class SkillInvocationFailed(Exception):
@@ -103,14 +105,33 @@ def _unreadable(request_id: str, why: str) -> dict[str, Any]:
     return result_payload(result, request_id)
 
 
+def _hard_time_limit(request_id: str, args: Any) -> dict[str, Any]:
+    """Celery's own record of a task its hard time limit ended (a worker without our handler)."""
+    limit = args[0] if isinstance(args, list | tuple) and args else None
+    details: dict[str, Any] = {"reason": "timeout", "exception_type": "TimeLimitExceeded"}
+    if isinstance(limit, int | float) and not isinstance(limit, bool):
+        details["hard_limit_s"] = limit
+    details["request_id"] = request_id
+    result = failed_result(
+        "",
+        "",
+        SkillErrorType.TOOL_EXECUTION_FAILURE,
+        "the tool did not stop at its timeout: its worker process was ended by the hard "
+        "time limit",
+        details,
+    )
+    return result_payload(result, request_id)
+
+
 def stored_payload(value: Any, request_id: str = "") -> dict[str, Any]:
     """The ``SkillResult`` payload in what Celery stored: a return value or a failure.
 
     The one decoder of stored failure envelopes: ``SkillInvocationFailed`` (as
     raised, as rebuilt by Celery under another class, or as its stored
-    ``exc_type``/``exc_message`` dict) or a plain payload. Anything else is a
-    ``tool_execution_failure`` saying what was found. A payload is returned as
-    stored, not validated (batch reads decode thousands at a time).
+    ``exc_type``/``exc_message`` dict), Celery's ``TimeLimitExceeded`` (a hard time
+    limit), or a plain payload. Anything else is a ``tool_execution_failure`` saying
+    what was found. A payload is returned as stored, not validated (batch reads
+    decode thousands at a time).
     """
     if isinstance(value, SkillInvocationFailed):
         return value.payload
@@ -118,11 +139,15 @@ def stored_payload(value: Any, request_id: str = "") -> dict[str, Any]:
         args: tuple[Any, ...] = tuple(getattr(value, "args", ()))
         if len(args) == 2 and isinstance(args[1], dict):
             return args[1]  # SkillInvocationFailed rebuilt by Celery under another class
+        if type(value).__name__ == _TIME_LIMIT:
+            return _hard_time_limit(request_id, args)
         return _unreadable(request_id, f"the task failed outside the runtime: {value!r}")
     if isinstance(value, dict) and "exc_type" in value:
         message = value.get("exc_message")
         if isinstance(message, list | tuple) and len(message) == 2 and isinstance(message[1], dict):
             return message[1]
+        if value.get("exc_type") == _TIME_LIMIT:
+            return _hard_time_limit(request_id, message)
         return _unreadable(request_id, f"the task failed outside the runtime: {value}")
     if not isinstance(value, dict):
         return _unreadable(

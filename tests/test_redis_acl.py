@@ -128,6 +128,9 @@ def compose_worker(
         "CLEVERAGENTS_CATALOGUE": os.pathsep.join([str(FIXTURE_SKILLS), str(EXAMPLE_SKILLS)]),
         "CLEVERAGENTS_NOTES_DIR": str(folder / "notes"),
         "CLEVERAGENTS_READY_FILE": str(ready),
+        # In the deployment the worker runs as its own user and so do its command tools;
+        # here the test runs it as root, and its tools write into root's tmp_path.
+        "CLEVERAGENTS_TOOL_USER": "root" if os.geteuid() == 0 else "",
         **env,
     }
     # Mingle and gossip on, as in the deployment; a node name of its own per worker.

@@ -7,7 +7,8 @@ else), names one of our two tasks, and has the protocol-2 envelope Celery
 expects; a signed ``skills.invoke`` must carry its task id in its signed body.
 What an admitted message may ask of the worker is then cut down to what a skill
 invocation needs: the producer's time limits, ETA, expiry, retry count and linked
-tasks are dropped, since the worker's own limits decide (docs/guarantees.md).
+tasks are dropped, since the worker's own limits decide (docs/guarantees.md). The
+worker's own hard time limit is set instead (``worker/time_limits.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from cleveragents.signing import (
     SIGNED_CONTENT_TYPE,
     signed_body_content_type,
 )
+from worker import state
+from worker.time_limits import hard_limit_s
 
 __all__ = [
     "ACCEPTED_CONTENT_TYPE",
@@ -155,10 +158,19 @@ def signed_id_problem(message: Any) -> str | None:
 
 
 def sanitise(message: Any) -> None:
-    """Drop what a producer may not decide: time limits, ETA, expiry, retries, links."""
+    """Drop what a producer may not decide (time limits, ETA, expiry, retries, links).
+
+    Then set the worker's own hard time limit: the invocation's timeout (a chunk's
+    slice and invocations) plus a grace (``worker/time_limits.py``).
+    """
     headers = message.headers
     for name in _DROPPED_HEADERS:
         headers.pop(name, None)
     headers["retries"] = 0
     body = message.payload  # the cached list Celery reads again: changed in place
     body[2] = dict(NO_LINKS)
+    current = state.current()
+    hard = hard_limit_s(headers.get("task"), body[0], current.catalogue, current.settings)
+    # Celery's Request reads time_limits from this header: [hard, soft]. No soft limit:
+    # the runtime's own deadline is the soft one, for every tool kind.
+    headers["timelimit"] = [hard, None]

@@ -1,4 +1,4 @@
-"""Worker start-up hooks: prepare folders, apply patches, load the catalogue, announce readiness.
+"""Worker start-up hooks: close the process, apply patches, load the catalogue, announce readiness.
 
 They run in a starting worker only: importing this module (Flower does) connects
 them and changes nothing else.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     celeryd_after_setup,
+    task_prerun,
     worker_init,
     worker_process_init,
     worker_ready,
@@ -23,8 +25,12 @@ from celery.signals import (
 from cleveragents.embedded.folders import create_folders
 from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
+from cleveragents.runtime import command_tool
+from cleveragents.runtime.confined import tool_user_for
+from cleveragents.runtime.limits import set_default_output_limit
 from cleveragents.settings import Settings
-from worker import patches, state
+from worker import patches, state, time_limits
+from worker.closed import make_undumpable
 
 log = logging.getLogger("cleveragents.worker")
 #: What the start-up did, as (level, message): logged once Celery has set up logging.
@@ -32,14 +38,23 @@ _start_notes: list[tuple[int, str]] = []
 
 
 @worker_init.connect
-def _start_worker(**_: Any) -> None:
+def _start_worker(sender: Any = None, **_: Any) -> None:
     # Before the pool forks, so children inherit all of it. Celery logs and ignores
     # an exception of a signal handler: a worker that cannot run exits instead, in one
     # line (a bad setting, a CLEVERAGENTS_TOOL_KINDS module that cannot load).
     try:
         settings = Settings.from_env()
+        # First: the environment holds the broker's password and every other secret of
+        # the worker. Non-dumpable, /proc/<pid>/environ and memory are closed to other
+        # processes of this user (a command tool); pool processes inherit it.
+        _start_notes.append(make_undumpable())
         _start_notes.extend(patches.apply_all())
         create_folders(settings)  # the embedded broker's and the file result store's
+        warning = command_tool.KIND.run_as(tool_user_for(settings.tool_user))
+        if warning:
+            _start_notes.append((logging.WARNING, warning))
+        set_default_output_limit(settings.max_output_bytes)
+        time_limits.install(sender.app)
         # Load (and log problems) once in the parent: children inherit the catalogue.
         state.current()
     except ConfigurationError as exc:
@@ -56,6 +71,22 @@ def _log_start(**_: Any) -> None:
 @worker_process_init.connect
 def _load_in_child(**_: Any) -> None:
     state.current()
+
+
+_sigterm_default = [False]
+
+
+@task_prerun.connect
+def _die_on_sigterm(**_: Any) -> None:
+    # A pool process gets SIGTERM when the hard time limit ends it (SIGKILL follows
+    # 0.1 s later). billiard's handler raises SystemExit inside the running tool, which
+    # the python kind would report as the tool's own sys.exit, and the dying process
+    # could store that over the time-out. So a pool process simply dies on SIGTERM.
+    # Set here, before its first task: billiard installs its handler after
+    # worker_process_init.
+    if not _sigterm_default[0]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _sigterm_default[0] = True
 
 
 @worker_ready.connect

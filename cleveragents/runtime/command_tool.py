@@ -1,12 +1,16 @@
 """The ``command`` tool kind: argv from the catalogue, JSON on stdin, one JSON value on stdout.
 
 No shell is involved: the arguments travel on stdin only, so nothing in them can
-reach a command line. The tool runs in its own process group, which is killed
-whole on time-out. It gets a minimal environment (no worker secrets) plus the
-variables its spec passes through by name. This module turns what can go
+reach a command line. The program runs confined (``confined.py``): under a
+shepherd that kills every process it started, in its own session, as the tool
+user when one is set (``CommandKind.run_as``), with a minimal environment (no
+worker secrets) plus the variables its spec passes through by name; its stdout
+is read up to the output limit and no further. This module turns what can go
 wrong into the library's errors: a program that cannot start
-(``ToolActivationError``), a time-out (``ToolTimedOut``), a non-zero exit or
-stdout that is not JSON (``ToolExecutionError``).
+(``ToolActivationError``), a time-out (``ToolTimedOut``), too much output
+(``ToolOutputTooLarge``), a non-zero exit or stdout that is not JSON
+(``ToolExecutionError``). Failure details keep short excerpts of stdout and
+stderr, with every string of the arguments blanked out.
 """
 
 from __future__ import annotations
@@ -14,15 +18,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
+import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cleveragents.constants import STDERR_TAIL_CHARS
-from cleveragents.errors import ToolActivationError, ToolExecutionError, ToolTimedOut
+from cleveragents.constants import REDACTED, STDERR_TAIL_CHARS, STDOUT_HEAD_CHARS
+from cleveragents.errors import (
+    ToolActivationError,
+    ToolExecutionError,
+    ToolOutputTooLarge,
+    ToolTimedOut,
+)
+from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
+from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.skills import ToolSpec
 
@@ -30,125 +41,186 @@ __all__ = ["BASE_ENV", "KIND", "CommandKind", "run_command_tool"]
 
 #: Variables every command tool gets from the worker: enough to find programs and run Python.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
+#: Argument strings shorter than this are not blanked out of excerpts (they are words).
+_SHORTEST_REDACTED = 4
 
 
-def _environment(tool: ToolSpec, changes_file: str) -> dict[str, str]:
+def _environment(
+    tool: ToolSpec, scratch: str, user: ToolUser | None, own_python: bool = True
+) -> dict[str, str]:
     env = {k: os.environ[k] for k in (*BASE_ENV, *tool.pass_env) if k in os.environ}
-    env["CLEVERAGENTS_RESOURCE_CHANGES"] = changes_file
-    # "python3" in a command means the worker's own interpreter (its venv), found first.
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+    env["CLEVERAGENTS_RESOURCE_CHANGES"] = str(Path(scratch) / "resource-changes.jsonl")
+    path = env.get("PATH", os.defpath)
+    if own_python:  # "python3" in a command means the worker's own interpreter (its venv)
+        path = os.pathsep.join([os.path.dirname(sys.executable), path])
+    env["PATH"] = path
     env.setdefault("PYTHONPATH", os.getcwd())
+    if user is not None:  # the worker's home and temporary folder are not the tool user's
+        env["HOME"] = env["TMPDIR"] = scratch
     return env
 
 
-def _tail(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace")[-STDERR_TAIL_CHARS:]
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _excerpt(raw: bytes, arguments: dict[str, Any], *, head: bool) -> str:
+    """The first or last characters of ``raw``, every argument string in it blanked out."""
+    text = raw.decode("utf-8", errors="replace")
+    secrets = {s for s in _strings(arguments) if len(s) >= _SHORTEST_REDACTED}
+    secrets |= {json.dumps(s)[1:-1] for s in secrets}  # as a tool echoing its JSON input shows it
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text[:STDOUT_HEAD_CHARS] if head else text[-STDERR_TAIL_CHARS:]
 
 
-def _read_changes(path: Path) -> list[dict[str, Any]]:
-    changes: list[dict[str, Any]] = []
-    if not path.exists():
-        return changes
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+def _read_changes(path: Path, user: ToolUser | None, budget: int, tool: str) -> list[Any]:
+    """The resource changes the tool appended, read without following a link or a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        raise ToolExecutionError(
+            f"tool {tool!r}: the resource changes file is not a plain file of the tool's"
+        ) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (user is not None and info.st_uid != user.uid):
+            raise ToolExecutionError(
+                f"tool {tool!r}: the resource changes file is not a plain file of the tool's"
+            )
+        raw = handle.read(budget + 1)
+    if len(raw) > budget:
+        raise ToolOutputTooLarge(tool, "output and resource changes", max_output_bytes())
+    changes: list[Any] = []
+    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            change = json.loads(line)
+            changes.append(json.loads(line))
         except ValueError:
             raise ToolExecutionError(
-                f"resource change line {number} is not JSON",
-                details={"line": number},
+                f"resource change line {number} is not JSON", details={"line": number}
             ) from None
-        changes.append(change)
     return changes
 
 
-def _start(tool: ToolSpec, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    try:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # its own process group: killed whole on time-out
-            close_fds=True,
-        )
-    except OSError as exc:
+def _check(tool: ToolSpec, finished: Finished, arguments: dict[str, Any], timeout_s: float) -> Any:
+    """The one JSON value the tool printed, once it exited 0; else the error it is."""
+    tail = _excerpt(finished.stderr_tail, arguments, head=False)
+    if finished.exec_error is not None:
         raise ToolActivationError(
-            f"tool activation failed for {tool.name!r}: cannot start {argv[0]!r}: {exc}",
-            details={"command": argv},
-        ) from None
-
-
-def _communicate(
-    tool: ToolSpec, proc: subprocess.Popen[bytes], payload: bytes, timeout_s: float
-) -> tuple[bytes, bytes]:
-    """Feed stdin, collect stdout and stderr; kill the process group at the timeout."""
-    try:
-        return proc.communicate(payload, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        _, stderr = proc.communicate()
-        raise ToolTimedOut(
-            tool.name,
-            timeout_s,
-            details={"exit_code": proc.returncode, "stderr_tail": _tail(stderr)},
-        ) from None
-    except BaseException:
-        _kill_group(proc)
-        proc.wait()
-        raise
-    finally:
-        _kill_group(proc)  # children it left behind go with it
-
-
-def _parse_stdout(tool: ToolSpec, returncode: int, stdout: bytes, stderr: bytes) -> Any:
-    """The one JSON value the tool printed, once it exited 0."""
-    if returncode != 0:
+            f"tool activation failed for {tool.name!r}: cannot start {tool.command[0]!r}: "  # type: ignore[index]
+            f"{finished.exec_error}",
+            details={"command": list(tool.command or [])},
+        )
+    if finished.too_large:
+        raise ToolOutputTooLarge(tool.name, "output", max_output_bytes())
+    if finished.timed_out:
+        raise ToolTimedOut(tool.name, timeout_s, details={"exit_code": None, "stderr_tail": tail})
+    if finished.lost or finished.exit_code is None:
         raise ToolExecutionError(
-            f"tool {tool.name!r} exited with code {returncode}",
-            details={"exit_code": returncode, "stderr_tail": _tail(stderr)},
+            f"tool {tool.name!r} was killed from outside before it ended",
+            details={"stderr_tail": tail},
+        )
+    if finished.exit_code != 0:
+        raise ToolExecutionError(
+            f"tool {tool.name!r} exited with code {finished.exit_code}",
+            details={"exit_code": finished.exit_code, "stderr_tail": tail},
         )
     try:
-        return json.loads(stdout)
+        return json.loads(finished.stdout)
     except ValueError:
         raise ToolExecutionError(
             f"tool {tool.name!r} did not print one JSON value on stdout",
             details={
-                "exit_code": returncode,
-                "stderr_tail": _tail(stderr),
-                "stdout_head": stdout[:200].decode("utf-8", errors="replace"),
+                "exit_code": 0,
+                "stderr_tail": tail,
+                "stdout_head": _excerpt(finished.stdout, arguments, head=True),
             },
         ) from None
 
 
-def run_command_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> ToolOutput:
-    """Run the tool's command with the arguments as JSON on stdin.
+@contextlib.contextmanager
+def _scratch(user: ToolUser | None) -> Iterator[str]:
+    """A private folder for the tool's resource changes (its home and TMPDIR as another user)."""
+    with tempfile.TemporaryDirectory(prefix="cleveragents-") as folder:
+        if user is not None:
+            os.chown(folder, user.uid, user.gid)
+        yield folder
+
+
+def run_command_tool(
+    tool: ToolSpec,
+    arguments: dict[str, Any],
+    timeout_s: float,
+    *,
+    user: ToolUser | None = None,
+    own_python: bool = True,
+) -> ToolOutput:
+    """Run the tool's command with the arguments as JSON on stdin, confined (module docstring).
+
+    ``user``: who it runs as (None: this process's user). ``own_python``: ``python3``
+    means this process's interpreter, found first on ``PATH``.
 
     Raises:
         ToolActivationError: the program cannot be started.
-        ToolTimedOut: it outlived ``timeout_s``; its process group was killed.
+        ToolTimedOut: it outlived ``timeout_s``; it and every process it started were killed.
+        ToolOutputTooLarge: stdout (or stdout and resource changes) past the output limit.
         ToolExecutionError: non-zero exit, or stdout that is not one JSON value;
             details carry ``exit_code`` and ``stderr_tail``.
     """
     argv = list(tool.command or [])
     payload = json.dumps(arguments).encode()
-    with tempfile.TemporaryDirectory(prefix="cleveragents-") as scratch:
-        changes_path = Path(scratch) / "resource-changes.jsonl"
-        proc = _start(tool, argv, _environment(tool, str(changes_path)))
-        stdout, stderr = _communicate(tool, proc, payload, timeout_s)
-        data = _parse_stdout(tool, proc.returncode, stdout, stderr)
-        return ToolOutput(data, _read_changes(changes_path))
+    limit = max_output_bytes()
+    with _scratch(user) as scratch:
+        env = _environment(tool, scratch, user, own_python)
+        try:
+            finished = run_confined(argv, env, payload, timeout_s, max_stdout=limit, user=user)
+        except OSError as exc:
+            raise ToolActivationError(
+                f"tool activation failed for {tool.name!r}: cannot start its shepherd: {exc}",
+                details={"command": argv},
+            ) from None
+        data = _check(tool, finished, arguments, timeout_s)
+        budget = limit - len(finished.stdout)
+        changes = _read_changes(Path(env["CLEVERAGENTS_RESOURCE_CHANGES"]), user, budget, tool.name)
+        return ToolOutput(data, changes)
 
 
 class CommandKind:
-    """Tools that are programs, run without a shell (``source: command``)."""
+    """Tools that are programs, run confined and without a shell (``source: command``)."""
+
+    def __init__(self) -> None:
+        self.user: ToolUser | None = None
+        self.own_python = True
+
+    def run_as(self, user: ToolUser | None) -> str | None:
+        """Run every later command tool of this process as ``user`` (None: this process's own).
+
+        A worker calls it once at start (``CLEVERAGENTS_TOOL_USER``, see
+        ``confined.tool_user_for``); switching needs root. Returns a warning when
+        ``user`` cannot run this process's interpreter: ``python3`` in a command is
+        then whatever ``PATH`` finds first that it can run.
+        """
+        self.user = user
+        self.own_python = user is None or can_run_python(user)
+        if self.own_python:
+            return None
+        return (
+            f"command tools run as {user.name!r}, who cannot run this worker's interpreter "  # type: ignore[union-attr]
+            f"{sys.executable}: 'python3' in a command is the first on PATH it can run "
+            "(install the worker's Python where that user can read it, or set "
+            "CLEVERAGENTS_TOOL_USER)"
+        )
 
     def check(self, tool: ToolSpec) -> None:
         """A command tool needs ``command``, a non-empty argv, and no ``entrypoint``."""
@@ -159,8 +231,11 @@ class CommandKind:
         if tool.entrypoint is not None:
             raise ValueError(f"command tool {tool.name!r} must not set entrypoint")
 
-    #: Run the command; see ``run_command_tool``.
-    run = staticmethod(run_command_tool)
+    def run(self, tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> ToolOutput:
+        """Run the command as this kind's user; see ``run_command_tool``."""
+        return run_command_tool(
+            tool, arguments, timeout_s, user=self.user, own_python=self.own_python
+        )
 
 
 #: The registered ``command`` kind.

@@ -11,11 +11,12 @@ from pydantic import ValidationError
 
 from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import SchemaValidationError, ToolExecutionError
+from cleveragents.errors import SchemaValidationError, ToolExecutionError, ToolOutputTooLarge
 from cleveragents.outcomes import failed_result, failed_with, names_of
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
 from cleveragents.runtime.kinds import run_tool
+from cleveragents.runtime.limits import MAX_OUTPUT_BYTES, default_output_limit, output_limit
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.runtime.validation import validate
@@ -29,7 +30,15 @@ from cleveragents.skills import (
     map_tool_error,
 )
 
-__all__ = ["DEFAULT_TIMEOUT_S", "BeforeWrite", "effective_timeout", "invoke", "parse_request"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MAX_OUTPUT_BYTES",
+    "BeforeWrite",
+    "effective_timeout",
+    "invoke",
+    "parse_request",
+    "timeout_of",
+]
 
 #: A tool's timeout when neither the tool nor the request sets one (CLEVERAGENTS_DEFAULT_TIMEOUT_S).
 DEFAULT_TIMEOUT_S = 300.0
@@ -111,7 +120,14 @@ def effective_timeout(
 
     Never more than ``maximum``: a producer does not set the worker's clock.
     """
-    given = [t for t in (entry.tool.timeout_s, request.timeout_s) if t is not None]
+    return timeout_of(entry.tool.timeout_s, request.timeout_s, default, maximum)
+
+
+def timeout_of(
+    tool_s: float | None, request_s: float | None, default: float, maximum: float = MAX_TIMEOUT_S
+) -> float:
+    """``effective_timeout`` from the two timeouts themselves (the worker's hard limit uses it)."""
+    given = [t for t in (tool_s, request_s) if t is not None]
     return min(min(given) if given else default, maximum)
 
 
@@ -128,23 +144,32 @@ def _check_changes(changes: Any) -> list[dict[str, Any]]:
 
 
 def _run(
-    entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float
+    entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float, max_output_bytes: int
 ) -> tuple[Any, list[dict[str, Any]]]:
-    value = run_tool(entry.tool, arguments, timeout_s)
+    with output_limit(max_output_bytes):  # what the kinds read (runtime/limits.py)
+        value = run_tool(entry.tool, arguments, timeout_s)
     if isinstance(value, ToolOutput):
         return value.data, _check_changes(value.resource_changes)
     return value, []
 
 
-def _as_json(value: Any, tool: str, what: str) -> Any:
-    """``value`` as the JSON wire will carry it (tuples become lists, keys strings)."""
+def _as_json(value: Any, tool: str, what: str, budget: int, limit: int) -> tuple[Any, int]:
+    """``value`` as the JSON wire will carry it (tuples become lists, keys strings), and its size.
+
+    Raises:
+        ToolExecutionError: not JSON-serialisable.
+        ToolOutputTooLarge: more than ``budget`` bytes of JSON.
+    """
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ToolExecutionError(
             f"tool {tool!r} returned {what} that is not JSON-serialisable: {exc}",
             details={"output_type": type(value).__name__},
         ) from None
+    if len(text) > budget:  # ASCII (ensure_ascii): characters are bytes
+        raise ToolOutputTooLarge(tool, what, limit)
+    return json.loads(text), len(text)
 
 
 def _error(exc: BaseException, skill: str, tool: str) -> SkillError:
@@ -164,6 +189,7 @@ def _execute(
     read_only: bool,
     default_timeout_s: float,
     max_timeout_s: float,
+    max_output_bytes: int,
     before_write: BeforeWrite | None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     tool = entry.tool
@@ -175,10 +201,14 @@ def _execute(
     timeout_s = effective_timeout(entry, request, default_timeout_s, max_timeout_s)
     if before_write is not None and tool.write_capable and not tool.idempotent:
         before_write(request, tool, timeout_s)
-    data, changes = _run(entry, request.arguments, timeout_s)
-    data = _as_json(data, tool.name, "output")
+    data, changes = _run(entry, request.arguments, timeout_s, max_output_bytes)
+    # Output and resource changes together stay within the limit: nothing larger is stored.
+    data, size = _as_json(data, tool.name, "output", max_output_bytes, max_output_bytes)
     if changes:
-        changes = _as_json(changes, tool.name, "resource changes")
+        changes, _ = _as_json(
+            changes, tool.name, "output and resource changes",
+            max_output_bytes - size, max_output_bytes,
+        )
     validate(tool.output_schema, data, root="output", source="tool output_schema")
     validate(definition.output_schema, data, root="output", source="skill output_schema")
     return data, changes
@@ -192,13 +222,14 @@ def invoke(
     default_timeout_s: float = DEFAULT_TIMEOUT_S,
     max_timeout_s: float = MAX_TIMEOUT_S,
     max_request_bytes: int = MAX_REQUEST_BYTES,
+    max_output_bytes: int | None = None,
     before_write: BeforeWrite | None = None,
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
 
-    Order: resolve the skill, find the tool, apply the write gates, validate the
-    arguments, run the tool (stopped at its timeout, never more than ``max_timeout_s``),
-    validate the output.
+    Order: resolve the skill, find the tool, apply the write gates, validate the arguments,
+    run the tool (stopped at its timeout, never more than ``max_timeout_s``; output over
+    ``max_output_bytes``, None: the process default, is refused), validate the output.
     ``before_write(request, tool, timeout_s)`` is called right before a
     write-capable tool that is not idempotent starts; what it raises becomes the
     result, and the tool does not start (the worker's at-most-once claim).
@@ -220,6 +251,7 @@ def invoke(
             read_only=read_only,
             default_timeout_s=default_timeout_s,
             max_timeout_s=max_timeout_s,
+            max_output_bytes=max_output_bytes or default_output_limit(),
             before_write=before_write,
         )
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
