@@ -34,6 +34,7 @@ ACCESS = {
     "fail": {"writes": False, "side_effects": False, "idempotent": False},
     "sleep": {"writes": False, "side_effects": False, "idempotent": False},
     "exit_server": {"writes": True, "side_effects": False, "idempotent": False},
+    "whoami": {"writes": False, "side_effects": False, "idempotent": True},
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from celery.signals import (
     celeryd_after_setup,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
 )
 
@@ -56,6 +58,15 @@ def _log_start(**_: Any) -> None:
 @worker_process_init.connect
 def _load_in_child(**_: Any) -> None:
     state.current()
+
+
+@worker_process_shutdown.connect
+def _close_mcp_sessions(**_: Any) -> None:
+    # A pool process leaves by os._exit, so atexit does not run: stop the stdio MCP
+    # servers its `source: mcp` tools started (only if it ever used one).
+    sessions = sys.modules.get("cleveragents.runtime.mcp_sessions")
+    if sessions is not None:
+        sessions.close_sessions()
 
 
 @worker_ready.connect
