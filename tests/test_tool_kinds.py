@@ -132,7 +132,7 @@ def test_registering_the_same_runner_twice_does_nothing() -> None:
     assert kinds.lookup("echo") is echo
 
 
-@pytest.mark.parametrize("name", ["python", "command"])
+@pytest.mark.parametrize("name", ["python", "command", "mcp"])
 def test_a_built_in_kind_cannot_be_replaced(name: str) -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_tool_kind(name, Echo())
