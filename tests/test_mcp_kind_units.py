@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from cleveragents.errors import ToolExecutionError
 from cleveragents.runtime import invoke
-from cleveragents.runtime.mcp_sessions import close_sessions
+from cleveragents.runtime.mcp_sessions import _StderrFile, close_sessions
 from cleveragents.runtime.mcp_tool import output_of
 from cleveragents.skills import Catalogue, Skill, SkillErrorType, SkillResult, ToolSpec
 from tests.mcp_remote import FIXTURE_COMMAND, remote_http_server
@@ -198,6 +198,29 @@ def test_a_server_killed_while_idle_is_started_again_by_the_next_call() -> None:
     time.sleep(1)
 
     assert pid_of(tool) != first
+
+
+CHATTY = (
+    "import sys; sys.stderr.write('x' * 1_200_000 + 'first end\\n'); sys.stderr.flush(); "
+    "input(); sys.stderr.write('second end\\n')"
+)
+
+
+def test_a_chatty_servers_stderr_file_is_cut_back_to_its_tail_while_it_runs() -> None:
+    stderr = _StderrFile()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHATTY], stdin=subprocess.PIPE, stderr=stderr.file
+    )
+    wait_until(lambda: stderr.tail().endswith("first end\n"), 30, "the first lines")
+
+    stderr.trim()
+    proc.communicate(b"\n", timeout=30)
+
+    # The server writes at the end of the file, wherever the trim left the offset.
+    assert stderr.tail().endswith("x" * 10 + "first end\nsecond end\n")
+    assert os.fstat(stderr.file.fileno()).st_size < 10_000
+    stderr.close()
+    assert stderr.tail().endswith("second end\n")
 
 
 def test_closing_the_sessions_stops_their_stdio_servers() -> None:

@@ -20,6 +20,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import fcntl
 import os
 import sys
 import tempfile
@@ -57,6 +58,8 @@ START_TIMEOUT_S = 60.0
 CLOSE_TIMEOUT_S = 6.0
 #: How long after a call's deadline the caller stops waiting for the loop itself.
 _BACKSTOP_S = 5.0
+#: A stdio server's stderr file is cut back to its tail past this many bytes.
+_STDERR_KEEP = 1_000_000
 #: HTTP timeouts of a streamable-HTTP session (the SDK's defaults: a response may stream).
 _HTTP_TIMEOUT_S, _HTTP_READ_TIMEOUT_S = 30.0, 300.0
 
@@ -139,6 +142,45 @@ def _reason(exc: BaseException | None) -> str:
     return f"{type(leaf).__name__}: {leaf}"
 
 
+class _StderrFile:
+    """Where a stdio server writes its stderr: a temporary file, read without moving its offset.
+
+    The server shares the file's offset; the file is in append mode, so it always
+    writes at the end, and it is cut back to its tail when it grows past ``_STDERR_KEEP``.
+    """
+
+    def __init__(self) -> None:
+        raw = tempfile.TemporaryFile("w+b", buffering=0)  # noqa: SIM115  # closed with the session
+        flags = fcntl.fcntl(raw.fileno(), fcntl.F_GETFL)
+        fcntl.fcntl(raw.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+        self.file = cast(TextIO, raw)  # the SDK only hands its descriptor to the server
+        self._kept = ""
+
+    def _last_bytes(self) -> bytes:
+        fd = self.file.fileno()
+        size = os.fstat(fd).st_size
+        start = max(size - 4 * STDERR_TAIL_CHARS, 0)
+        return os.pread(fd, size - start, start)
+
+    def tail(self) -> str:
+        """The last characters written (kept after ``close``)."""
+        if self.file.closed:
+            return self._kept
+        return self._last_bytes().decode("utf-8", errors="replace")[-STDERR_TAIL_CHARS:]
+
+    def trim(self) -> None:
+        """Cut the file back to its tail once it has grown past ``_STDERR_KEEP`` bytes."""
+        if not self.file.closed and os.fstat(self.file.fileno()).st_size > _STDERR_KEEP:
+            kept = self._last_bytes()
+            os.ftruncate(self.file.fileno(), 0)
+            os.write(self.file.fileno(), kept)
+
+    def close(self) -> None:
+        """Keep the tail and close the file."""
+        self._kept = self.tail()
+        self.file.close()
+
+
 class _Connection:
     """One session, held open by its own task on the pool's loop until it is closed or lost."""
 
@@ -149,21 +191,17 @@ class _Connection:
         self.alive = True
         self.settled = asyncio.Event()  # started, or failed to
         self.closing = asyncio.Event()
-        self._errlog: TextIO | None = None
-        self._tail = ""
-        if spec.command:  # the server's stderr, for the reason it stopped; closed with it
-            errlog = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
-            self._errlog = cast(TextIO, errlog)
+        self._stderr = _StderrFile() if spec.command else None
         self.task = asyncio.get_running_loop().create_task(self._hold())
 
     def stderr_tail(self) -> str:
-        """The end of what a stdio server wrote on stderr (kept once it has stopped)."""
-        errlog = self._errlog
-        if errlog is None or errlog.closed:
-            return self._tail
-        errlog.flush()
-        errlog.seek(0)
-        return errlog.read()[-STDERR_TAIL_CHARS:]
+        """The end of what a stdio server wrote on stderr."""
+        return self._stderr.tail() if self._stderr is not None else ""
+
+    def after_call(self) -> None:
+        """Keep a long-lived server's stderr file small."""
+        if self._stderr is not None:
+            self._stderr.trim()
 
     def close(self) -> None:
         """Stop the session (its task leaves the transport and stops a stdio server)."""
@@ -183,9 +221,8 @@ class _Connection:
         finally:
             self.alive = False
             self.settled.set()
-            if self._errlog is not None:
-                self._tail = self.stderr_tail()
-                self._errlog.close()
+            if self._stderr is not None:
+                self._stderr.close()
 
     @asynccontextmanager
     async def _transport(self) -> AsyncIterator[_Streams]:
@@ -198,8 +235,8 @@ class _Connection:
             args=list(self.spec.command[1:]),
             env=stdio_environment(self.spec),
         )
-        assert self._errlog is not None
-        async with stdio_client(params, errlog=self._errlog) as (read, write):
+        assert self._stderr is not None
+        async with stdio_client(params, errlog=self._stderr.file) as (read, write):
             # Relay what the server says, to see its end: an idle server that exits
             # marks the session dead, so the next call starts it again.
             send, relayed = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -284,7 +321,7 @@ class SessionPool:
         session = await self._started(connection, deadline - anyio.current_time())
         try:
             with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
-                return await session.call_tool(name, arguments)
+                result = await session.call_tool(name, arguments)
         except TimeoutError:
             raise CallTimedOut from None
         except MCPError as exc:
@@ -298,6 +335,8 @@ class SessionPool:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             connection.close()
             raise ConnectionLost(connection.stderr_tail()) from None
+        connection.after_call()
+        return result
 
     def _connection(self, spec: ServerSpec) -> _Connection:
         connection = self._connections.get(spec)
