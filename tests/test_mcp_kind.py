@@ -3,13 +3,14 @@
 One worker (concurrency 1, so one pool process and one session per server) serves
 the whole module, off its own Redis database: the catalogue in
 tests/fixtures/mcp_kind_skills (stdio) plus a skill written here for the fixture
-server over streamable HTTP.
+server over streamable HTTP. The shutdown test starts a worker of its own.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, SkillResult
 from tests.mcp_remote import MCP_KIND_SKILLS, remote_http_server
-from tests.procs import Worker, free_port
+from tests.procs import Worker, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,3 +199,49 @@ def test_a_tool_of_a_server_over_streamable_http(fleet: Fleet, tmp_path: Path) -
 
     assert result.success, result.error
     assert result.output_data == {"key": "gamma", "value": 3, "found": True}
+
+
+def test_a_worker_that_shuts_down_stops_the_stdio_servers_of_its_processes(
+    client: SkillClient, redis_url: str, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    # Given a server that outlives the end of its stdin: once the fixture server has
+    # gone, its shell writes its PID and becomes `sleep` (ending stdin alone leaves it).
+    pid_file = tmp_path / "lingering.pid"
+    lingering = f"python -m tests.fixtures.mcp_server; echo $$ > {pid_file}; exec sleep 60"
+    skill = {
+        "name": "remote/lingering",
+        "tools": [
+            {
+                "name": "remote/whoami",
+                "source": "mcp",
+                "server": {"command": ["sh", "-c", lingering]},
+                "remote_tool": "whoami",
+            }
+        ],
+    }
+    (tmp_path / "skills").mkdir()
+    (tmp_path / "skills" / "lingering.yaml").write_text(yaml.safe_dump(skill), encoding="utf-8")
+    worker = start_worker(redis_url, concurrency=1, CLEVERAGENTS_CATALOGUE=str(tmp_path / "skills"))
+    assert client.submit("remote/lingering", "remote/whoami").result(timeout=60).success
+
+    # When the worker shuts down warmly (SIGTERM to its main process).
+    assert worker.proc is not None
+    os.kill(worker.proc.pid, signal.SIGTERM)
+    worker.proc.wait(30)
+
+    # Then its pool process closed the session: the server's whole group was stopped.
+    wait_until(pid_file.exists, 10, "the server's shell to outlive the server")
+    shell = int(pid_file.read_text())
+    try:
+        wait_until(lambda: not _running(shell), 10, "the lingering shell to be stopped")
+    finally:
+        if _running(shell):
+            os.kill(shell, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
