@@ -1,7 +1,7 @@
 """`cleveragents skills import --from-mcp`: a skill file from a real SDK server's `tools/list`.
 
-The skill model does not accept `source: mcp` yet (the tool-kind seam comes
-separately), so the output is checked as YAML data, not loaded into a Catalogue.
+The output is checked as YAML data, then loaded into a Catalogue and called: its
+`source: mcp` tools run against the same server, remote writes gated from the first run.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from mcp import types
 
 from cleveragents.cli.app import main
 from cleveragents.mcp.importer import RemoteServer, skill_document, tool_access
+from cleveragents.runtime import invoke
+from cleveragents.runtime.mcp_sessions import close_sessions
+from cleveragents.skills import Catalogue, SkillErrorType
 from cleveragents.skills.model import NAME_PATTERN
 from tests.fixtures.mcp_server import build_server
 from tests.procs import REPO, free_port, kill_group, wait_until
@@ -34,6 +37,7 @@ ACCESS = {
     "fail": {"writes": False, "side_effects": False, "idempotent": False},
     "sleep": {"writes": False, "side_effects": False, "idempotent": False},
     "exit_server": {"writes": True, "side_effects": False, "idempotent": False},
+    "whoami": {"writes": False, "side_effects": False, "idempotent": True},
 }
 
 
@@ -85,6 +89,34 @@ def test_import_from_a_command_round_trips_annotations_and_schemas(
         assert tool["input_schema"] == remote[name].input_schema
         assert tool["output_schema"] == remote[name].output_schema
         assert tool["description"] == remote[name].description
+
+
+def test_the_imported_skill_loads_and_its_remote_writes_are_gated_from_the_first_run(
+    imported: subprocess.CompletedProcess[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "remote.yaml").write_text(imported.stdout, encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # where the server's module is found
+    notes = tmp_path / "notes.txt"
+    write = {"path": str(notes), "text": "from the agent"}
+
+    catalogue = Catalogue.from_paths(str(tmp_path))
+    try:
+        refused = invoke(
+            {"skill": "team/remote", "tool": "team/append_note", "arguments": write}, catalogue
+        )
+        found = invoke(
+            {"skill": "team/remote", "tool": "team/lookup", "arguments": {"key": "gamma"}},
+            catalogue,
+        )
+    finally:
+        close_sessions()
+
+    assert catalogue.errors == []
+    assert refused.error is not None
+    assert refused.error.error_type == SkillErrorType.PERMISSION_DENIED
+    assert not notes.exists()
+    assert found.success, found.error
+    assert found.output_data == {"key": "gamma", "value": 3, "found": True}
 
 
 def test_a_quoted_command_gives_the_same_skill(

@@ -80,7 +80,7 @@ def test_without_the_plugin_a_worker_does_not_serve_its_skills(
 
     assert result.error is not None
     assert result.error.error_type == SkillErrorType.SKILL_NOT_FOUND
-    assert "unknown tool source 'upper'; known: command, python" in worker.log.read_text()
+    assert "unknown tool source 'upper'; known: command, mcp, python" in worker.log.read_text()
 
 
 def test_a_worker_whose_plugin_module_cannot_load_refuses_to_start(
@@ -138,7 +138,7 @@ def test_without_the_plugin_skills_check_names_the_unknown_source() -> None:
     done = _cli("skills", "check", str(PLUGIN_SKILLS))
 
     assert done.returncode == 1
-    assert "unknown tool source 'upper'; known: command, python" in done.stdout
+    assert "unknown tool source 'upper'; known: command, mcp, python" in done.stdout
 
 
 @pytest.mark.parametrize(

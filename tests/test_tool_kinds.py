@@ -132,7 +132,7 @@ def test_registering_the_same_runner_twice_does_nothing() -> None:
     assert kinds.lookup("echo") is echo
 
 
-@pytest.mark.parametrize("name", ["python", "command"])
+@pytest.mark.parametrize("name", ["python", "command", "mcp"])
 def test_a_built_in_kind_cannot_be_replaced(name: str) -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_tool_kind(name, Echo())
@@ -181,7 +181,7 @@ def test_an_unknown_source_is_a_load_problem_naming_the_known_kinds(tmp_path: Pa
     )
 
     [reason] = reasons
-    assert "unknown tool source 'shell'; known: command, python" in reason
+    assert "unknown tool source 'shell'; known: command, mcp, python" in reason
 
 
 def test_a_registered_kind_is_named_among_the_known_ones(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_a_registered_kind_is_named_among_the_known_ones(tmp_path: Path) -> None
 
     [reason] = _load(tmp_path, "name: test/s\ntools:\n  - {name: test/t, source: shell}\n")
 
-    assert "known: command, echo, python" in reason
+    assert "known: command, echo, mcp, python" in reason
 
 
 def test_the_built_in_checks_keep_their_messages() -> None:

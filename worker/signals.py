@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from celery.signals import (
     task_prerun,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
 )
 
@@ -87,6 +89,15 @@ def _die_on_sigterm(**_: Any) -> None:
     if not _sigterm_default[0]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _sigterm_default[0] = True
+
+
+@worker_process_shutdown.connect
+def _close_mcp_sessions(**_: Any) -> None:
+    # A pool process leaves by os._exit, so atexit does not run: stop the stdio MCP
+    # servers its `source: mcp` tools started (only if it ever used one).
+    sessions = sys.modules.get("cleveragents.runtime.mcp_sessions")
+    if sessions is not None:
+        sessions.close_sessions()
 
 
 @worker_ready.connect

@@ -6,7 +6,7 @@ kind check its own fields. Adding a kind is one module that calls
 ``cleveragents.runtime.register_tool_kind(name, runner)``; nothing that
 dispatches changes.
 
-The built-in kinds (``python``, ``command``) are registered by ``module:attr``
+The built-in kinds (``python``, ``command``, ``mcp``) are registered by ``module:attr``
 name and imported the first time a tool of theirs is validated or run: the
 skills layer imports no runtime code.
 """
@@ -39,6 +39,7 @@ __all__ = [
 BUILTIN_KINDS = {
     "python": "cleveragents.runtime.python_tool:KIND",
     "command": "cleveragents.runtime.command_tool:KIND",
+    "mcp": "cleveragents.runtime.mcp_tool:KIND",
 }
 #: What a kind's name looks like (it is the ``source`` of its tools).
 KIND_NAME_PATTERN = r"^[a-z][a-z0-9_.-]*$"
