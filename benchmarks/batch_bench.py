@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.queue_bench import BenchWorker  # noqa: E402
+from cleveragents.celery_settings import celery_settings  # noqa: E402
 from cleveragents.client import SkillClient  # noqa: E402
 from cleveragents.settings import Settings  # noqa: E402
 from tests.procs import RedisServer  # noqa: E402
@@ -47,10 +48,15 @@ def write_batch(path: Path, lines: int) -> None:
 
 
 def plain_rate(url: str, jobs: int) -> float:
+    # Configured from this process's environment (no broker: the embedded default's
+    # settings): point every broker and backend setting at the benchmark's Redis.
     from benchmarks.plain_tasks import app, noop
 
+    redis_conf = celery_settings(Settings.from_env({"CLEVERAGENTS_BROKER_URL": url}))
+    app.conf.broker_transport = None
     app.conf.broker_url = url
     app.conf.result_backend = url
+    app.conf.broker_transport_options = redis_conf["broker_transport_options"]
     started = time.perf_counter()
     results = [noop.apply_async() for _ in range(jobs)]
     for result in results:

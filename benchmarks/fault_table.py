@@ -38,7 +38,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.hostile_rows import rows as hostile_rows  # noqa: E402
-from tests.test_faults import (  # noqa: E402
+from tests.fault_rig import (  # noqa: E402
     IDEMPOTENT,
     READ,
     VISIBILITY_S,
@@ -47,6 +47,8 @@ from tests.test_faults import (  # noqa: E402
     Rig,
     reason,
     rig,
+)
+from tests.fault_scenarios import (  # noqa: E402
     scenario_child_kill_mid_tool,
     scenario_child_kills_under_load,
     scenario_duplicate_submission,

@@ -21,8 +21,8 @@ import redis
 from cleveragents.client import SkillClient
 from cleveragents.skills import SkillResult
 from tests.conftest import worker_env
+from tests.fault_rig import Outcome, Rig, reason
 from tests.procs import Worker, wait_until
-from tests.test_faults import Outcome, Rig, reason
 from tests.test_hostile_tools import CONTROL, HOSTILE_SKILLS, SECRET, SKILL
 
 Scenario = Callable[[Rig], Outcome]

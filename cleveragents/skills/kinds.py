@@ -33,6 +33,7 @@ __all__ = [
     "lookup",
     "option_fields",
     "register",
+    "reserve_fields",
 ]
 
 #: The kinds every process knows, by name of the object that runs them.
@@ -92,12 +93,19 @@ def _describe(runner: Any) -> _Kind:
     fields = getattr(runner, "option_fields", ())
     if isinstance(fields, str) or not isinstance(fields, Collection):
         raise TypeError(f"a tool kind's option_fields must be a collection of names: {runner!r}")
-    from cleveragents.skills.model import ToolSpec  # the model imports this module
-
-    clash = sorted(set(fields) & set(ToolSpec.model_fields))
+    clash = sorted(set(fields) & _common_fields)
     if clash:
         raise ValueError(f"option_fields {clash} are common ToolSpec fields")
     return _Kind(runner, check, frozenset(fields))
+
+
+#: ``ToolSpec``'s own field names, which no kind may claim as options (set by the model).
+_common_fields: set[str] = set()
+
+
+def reserve_fields(names: Collection[str]) -> None:
+    """Record the tool spec's common fields (the skill model calls this once it is defined)."""
+    _common_fields.update(names)
 
 
 def register(name: str, runner: ToolKind) -> None:

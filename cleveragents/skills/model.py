@@ -112,6 +112,9 @@ class ToolSpec(BaseModel):
         return self.writes or self.side_effects
 
 
+kinds.reserve_fields(ToolSpec.model_fields)
+
+
 class Skill(BaseModel):
     """A named, versioned set of tools, possibly including other skills."""
 
