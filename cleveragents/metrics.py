@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from cleveragents.constants import (
@@ -36,11 +37,20 @@ FLUSH_S = 2.0
 QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
 
 
+#: What ``known(skill, tool)`` answers: whether the names are the catalogue's.
+KnownTool = Callable[[str, str], bool]
+#: The label of invocations naming a skill or tool the catalogue does not have.
+UNKNOWN_LABEL = "unknown"
+#: Longest label value kept.
+MAX_LABEL_CHARS = 120
+
+
 class MetricsRecorder:
     """In-process counters of one worker process, flushed to a metric store in the background."""
 
-    def __init__(self, store: MetricStore) -> None:
+    def __init__(self, store: MetricStore, known: KnownTool | None = None) -> None:
         self.store = store
+        self._known = known
         self._lock = threading.Lock()
         self._counts = MetricCounts()
         self._pid = 0
@@ -49,16 +59,24 @@ class MetricsRecorder:
         """Count one finished invocation."""
         error = result.error.error_type if result.error is not None else ""
         outcome = "success" if result.success else "failure"
-        key = json.dumps([result.skill_name, result.tool_name, outcome, str(error)])
+        skill, tool_name = self._labels(result.skill_name, result.tool_name)
+        key = json.dumps([skill, tool_name, outcome, str(error)])
         seconds = result.duration_ms / 1000
-        tool = json.dumps([result.skill_name, result.tool_name])
+        tool = json.dumps([skill, tool_name])
         bucket = next((b for b in BUCKETS if seconds <= b), "+Inf")
         with self._lock:
             counts = self._counts
             counts.invocations[key] += 1
-            counts.durations[json.dumps([result.skill_name, result.tool_name, str(bucket)])] += 1
+            counts.durations[json.dumps([skill, tool_name, str(bucket)])] += 1
             counts.sums[tool] = counts.sums.get(tool, 0.0) + seconds
         self._ensure_flusher()
+
+    def _labels(self, skill: str, tool: str) -> tuple[str, str]:
+        # A producer names any skill it likes: only the catalogue's names become series
+        # (a bounded set), the rest count as "unknown"; every label is length-capped.
+        if self._known is not None and not self._known(skill, tool):
+            return UNKNOWN_LABEL, UNKNOWN_LABEL
+        return skill[:MAX_LABEL_CHARS], tool[:MAX_LABEL_CHARS]
 
     def _ensure_flusher(self) -> None:
         if self._pid == os.getpid():

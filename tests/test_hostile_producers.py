@@ -309,3 +309,29 @@ def test_a_raw_message_cannot_link_another_invocation(
     time.sleep(3)
     assert client.get(linked) is None
     assert not target.exists()
+
+
+def test_invented_skill_names_do_not_become_metric_series(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    # Given invocations of 30 skills a producer made up, and one real one
+    from tests.test_observability import _metrics
+
+    start_worker(redis_url)
+    made_up = [
+        client.submit(f"x/invented-{i}-{'y' * 300}", "x/tool", {}) for i in range(30)
+    ]
+    real = client.submit("local/text-tools", "local/word-count", {"text": "a"})
+    for handle in [*made_up, real]:
+        handle.result(timeout=60)
+
+    # Then the made-up names are counted as one "unknown" series, the real one by name
+    def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            key: value for key, value in _metrics(redis_url).items()
+            if key[0] == "cleveragents_invocations_total"
+        }
+
+    wait_until(lambda: sum(counted().values()) >= 31, 30, "the counters to be flushed")
+    skills = {dict(labels)["skill"] for _, labels in counted()}
+    assert skills == {"unknown", "local/text-tools"}

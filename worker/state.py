@@ -74,6 +74,6 @@ def pipeline(backend: Any) -> Pipeline:
                     read_only=state.settings.read_only,
                     default_timeout_s=state.settings.default_timeout_s,
                     max_timeout_s=state.settings.max_timeout_s,
-                    observe=WorkerObserver(stores.metrics),
+                    observe=WorkerObserver(stores.metrics, state.catalogue),
                 )
     return _pipeline
