@@ -33,8 +33,10 @@ class EmbeddedFolders:
 
     @property
     def results_url(self) -> str:
-        """Celery's file result backend URL for the results folder."""
-        return f"file://{self.results}"
+        """The result backend for the results folder (Celery's, made safe for any id)."""
+        from cleveragents.embedded.results import backend_url  # Celery only when asked
+
+        return backend_url(str(self.results))
 
 
 def uses_redis(settings: Settings) -> bool:

@@ -22,7 +22,10 @@ __all__ = ["FileBatchLedger", "FileGuardStore", "FileResultStore", "NullMetricSt
 
 
 def _name(request_id: str) -> str:
-    return request_id.replace("/", "%2F")
+    # A file name for any id: "/" and "%" percent-encoded, and a leading "." too, so that
+    # "." and ".." name files, never the folder or its parent.
+    name = request_id.replace("%", "%25").replace("/", "%2F")
+    return "%2E" + name[1:] if name.startswith(".") else name
 
 
 def _replace(path: Path, text: str) -> None:

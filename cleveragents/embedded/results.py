@@ -1,0 +1,39 @@
+"""Celery's file result backend, with a file name for every request id and whole writes.
+
+Celery joins the folder and the key (``celery-task-meta-<id>``) as they are: an id
+holding ``/`` names a file in a folder that does not exist, and the result is never
+stored. Here ``%`` and ``/`` in a key are percent-encoded. Celery also writes a result
+file in place, so a reader can see half of it; here it is written beside and renamed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery.backends.filesystem import FilesystemBackend
+
+__all__ = ["SafeFilesystemBackend", "backend_url"]
+
+
+def backend_url(folder: str) -> str:
+    """The ``result_backend`` value of this backend over ``folder``."""
+    return f"{__name__}:SafeFilesystemBackend+file://{folder}"
+
+
+class SafeFilesystemBackend(FilesystemBackend):  # type: ignore[misc]
+    """A file result backend whose keys are always file names in its folder."""
+
+    def _filename(self, key: Any) -> Any:
+        # Celery keeps the folder and the separator as bytes.
+        raw = key if isinstance(key, bytes) else str(key).encode()
+        name = raw.replace(b"%", b"%25").replace(b"/", b"%2F").replace(b"\0", b"%00")
+        return self.sep.join((self.path, name))  # type: ignore[attr-defined]
+
+    def set(self, key: Any, value: Any) -> None:
+        """Write the whole value beside the result, then rename it into place."""
+        final = self._filename(key)
+        partial = final + f".{os.getpid()}.part".encode()
+        with self.open(partial, "wb") as handle:  # type: ignore[attr-defined]
+            handle.write(value if isinstance(value, bytes) else str(value).encode())
+        os.replace(partial, final)
