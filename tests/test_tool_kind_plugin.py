@@ -122,7 +122,7 @@ def test_skills_check_loads_the_plugin_kinds_before_the_catalogue() -> None:
     done = _cli("skills", "check", str(PLUGIN_SKILLS), kinds=PLUGIN)
 
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 skills resolve; ok" in done.stdout
+    assert "1 skill resolves; ok" in done.stdout
 
 
 def test_skills_list_shows_a_plugin_kind_as_a_source() -> None:

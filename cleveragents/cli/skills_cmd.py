@@ -175,13 +175,13 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
     else:
         for problem in problems:
             click.echo(f"{problem.where}: {problem.reason}")
-    verdict = f"{len(catalogue)} skills resolve; {len(problems)} problem(s)"
+    verdict = f"{_resolved(len(catalogue))}; {_count(len(problems), 'problem')}"
     if problems:
         # A ClickException, not click's Exit: with standalone_mode=False click turns
         # Exit into a return value, which the CLI's main() does not propagate.
         raise CliFailure(verdict, exit_code=1)
     if not as_json:
-        click.echo(f"{len(catalogue)} skills resolve; ok")
+        click.echo(f"{_resolved(len(catalogue))}; ok")
 
 
 #: Export formats ``skills export`` knows.
@@ -229,3 +229,13 @@ def export_skills(fmt: str, paths: tuple[str, ...], names: tuple[str, ...]) -> N
     for reason in exported.skipped:
         err_console.print(f"[yellow]warning:[/] skipped {reason}", markup=True, highlight=False)
     print_json(exported.document())
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 skill``, ``2 skills``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _resolved(n: int) -> str:
+    """``1 skill resolves``, ``3 skills resolve``."""
+    return "1 skill resolves" if n == 1 else f"{n} skills resolve"

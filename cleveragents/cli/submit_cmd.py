@@ -88,7 +88,11 @@ def _wait(
 @click.argument("skill")
 @click.argument("tool")
 @click.option("--args", "args_json", metavar="JSON", help="Arguments as one JSON object.")
-@click.option("--args-file", type=click.Path(dir_okay=False), help="Read the arguments from F.")
+@click.option(
+    "--args-file",
+    type=click.Path(dir_okay=False),
+    help="Read the arguments (a JSON object) from this file.",
+)
 @click.option("--allow-writes", is_flag=True, help="Let a write-capable tool run.")
 @click.option("--request-id", metavar="ID", help="Use this request id (default: a new UUID).")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
