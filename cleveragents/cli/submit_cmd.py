@@ -14,6 +14,7 @@ from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import SkillClient
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.errors import SchemaValidationError
+from cleveragents.hints import failure_lines
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from cleveragents.wire import result_payload
@@ -64,9 +65,8 @@ def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
         for change in result.resource_changes:
             click.echo(f"{change.get('action')}: {change.get('resource')}", err=True)
     else:
-        error = result.error
-        kind = error.error_type if error else "failed"
-        click.echo(f"{request_id} failed ({kind}): {error.message if error else ''}", err=True)
+        for line in failure_lines(result, request_id):
+            click.echo(line, err=True)
     if not result.success:
         raise click.exceptions.Exit(1)
 

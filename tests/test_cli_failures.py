@@ -1,0 +1,71 @@
+"""A failed invocation says why and what to do: stderr's last lines, and the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cleveragents.error_types import SkillErrorType
+from cleveragents.hints import failure_lines, fix_for
+from cleveragents.outcomes import failed_result
+from tests.procs import EXAMPLE_SKILLS, REPO
+
+pytestmark = pytest.mark.timeout(180)
+
+FAILING = """
+name: me/broken
+description: A command tool that fails
+tools:
+  - name: me/fail
+    source: command
+    command: [python3, -m, tests.fixtures.cmd_fail]
+"""
+
+
+def _submit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "skills").mkdir(exist_ok=True)
+    (tmp_path / "skills" / "broken.yaml").write_text(FAILING, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["CLEVERAGENTS_CATALOGUE"] = os.pathsep.join([str(tmp_path / "skills"), str(EXAMPLE_SKILLS)])
+    return subprocess.run(
+        [sys.executable, "-m", "cleveragents", "submit", *args, "--wait"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def test_a_failing_command_tool_shows_the_end_of_its_stderr(tmp_path: Path) -> None:
+    done = _submit(tmp_path, "me/broken", "me/fail")
+
+    assert done.returncode == 1
+    assert "tool_execution_failure" in done.stderr
+    assert "fatal: the widget is broken" in done.stderr
+
+
+def test_a_refused_write_names_its_fix(tmp_path: Path) -> None:
+    done = _submit(tmp_path, "local/notes", "local/write-note", "--args",
+                   '{"name": "n", "text": "t"}')
+
+    assert done.returncode == 1
+    assert "permission_denied" in done.stderr
+    assert "fix: the tool writes: add --allow-writes" in done.stderr
+
+
+def test_every_refusal_gate_and_limit_has_a_fix() -> None:
+    for details in ({"gate": "request_disallows_writes"}, {"gate": "worker_read_only"},
+                    {"gate": "skill_read_only"}, {"reason": "timeout"},
+                    {"reason": "output_too_large"}, {"reason": "poison_message"}):
+        result = failed_result("s/k", "t/t", SkillErrorType.PERMISSION_DENIED, "no", details)
+        assert result.error is not None
+        assert fix_for(result.error), details
+    lines = failure_lines(
+        failed_result("s/k", "t/t", SkillErrorType.TOOL_EXECUTION_FAILURE, "exit 2",
+                      {"stderr_tail": "\n".join(f"line {i}" for i in range(20))}),
+        "r-1",
+    )
+    assert lines[0] == "r-1 failed (tool_execution_failure): exit 2"
+    assert lines[1:] == ["stderr (last lines):", *(f"  line {i}" for i in range(15, 20))]
