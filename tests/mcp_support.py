@@ -41,6 +41,17 @@ ECHO = "test_mcp__test_echo"
 SLOW_READ = "test_mcp__test_slow-read"
 SLOW_WRITE = "test_mcp__test_slow-write"
 WORD_COUNT = "local_text-tools__local_word-count"
+#: A raw JSON-RPC initialize request (for tests that speak HTTP or stdio by hand).
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
 
 
 @dataclass(frozen=True)

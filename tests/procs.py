@@ -43,6 +43,16 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None
         os.killpg(proc.pid, sig)
 
 
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie or a dead process is not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in (b"Z", b"X")
+
+
 class RedisServer:
     """A private ``redis-server`` on a free port, for tests that stop or restart Redis."""
 

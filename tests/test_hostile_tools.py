@@ -23,7 +23,7 @@ import redis
 from cleveragents.client import SkillClient
 from cleveragents.constants import HARD_LIMIT_GRACE_S
 from cleveragents.skills import SkillErrorType, SkillResult
-from tests.procs import REPO, Worker, wait_until
+from tests.procs import REPO, Worker, process_alive, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,15 +44,6 @@ def _failed(result: SkillResult, reason: str) -> dict[str, Any]:
     assert result.error.error_type == SkillErrorType.TOOL_EXECUTION_FAILURE, result.error
     assert result.error.details.get("reason") == reason, result.error
     return result.error.details
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
 
 
 @pytest.fixture
@@ -189,11 +180,11 @@ def test_an_escaping_grandchild_is_dead_right_after_the_result_and_both_pools_ru
     # Then the one that exited is a success, decided when it exited (not a time-out)
     assert first.success, first.error
     assert finished_at - started < 2.0 + SLACK_S
-    assert not _alive(int(done_file.read_text()))
+    assert not process_alive(int(done_file.read_text()))
     # And the one that hung is a time-out within its timeout plus 2 s, its grandchild dead
     _failed(second, "timeout")
     assert time.monotonic() - started < 2.0 + 2.0 + SLACK_S
-    assert not _alive(int(hung_file.read_text()))
+    assert not process_alive(int(hung_file.read_text()))
     # And both pool processes are free at once: two 1 s tools run side by side
     again = time.monotonic()
     pair = [client.submit(SKILL, "test/pool-pid", {"seconds": 1.0}) for _ in range(2)]

@@ -14,7 +14,14 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.mcp_support import CLEVERAGENTS, WORD_COUNT, serve_env, stdio_session, text_of
+from tests.mcp_support import (
+    CLEVERAGENTS,
+    INITIALIZE,
+    WORD_COUNT,
+    serve_env,
+    stdio_session,
+    text_of,
+)
 from tests.procs import free_port, kill_group, wait_until
 
 
@@ -55,16 +62,6 @@ def test_with_no_broker_mcp_serve_runs_its_own_worker_lists_and_calls_a_tool(
     wait_until(lambda: not processes_in(tmp_path), 30, "the local worker to stop")
 
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 
 
 @pytest.mark.parametrize("when", ["starting", "serving"])

@@ -15,6 +15,7 @@ import pytest
 
 from tests.mcp_support import (
     CLEVERAGENTS,
+    INITIALIZE,
     WORD_COUNT,
     Fleet,
     HttpServer,
@@ -26,16 +27,6 @@ from tests.mcp_support import (
 )
 
 TOKEN = "s3cret-token-for-tests"
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 

@@ -33,7 +33,7 @@ from cleveragents.runtime.confined import (
 )
 from cleveragents.skills import SkillErrorType, SkillResult, ToolSpec
 from tests.fixtures.catalogues import FIXTURES, cmd_tool, request, single
-from tests.procs import REPO, wait_until
+from tests.procs import REPO, process_alive, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,15 +41,6 @@ SECRET = "hunter2-argument-secret-9c1d"
 NOBODY = ToolUser("nobody", 65534, 65534)
 #: What a loaded machine may add to a bound.
 SLACK_S = 1.5
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
 
 
 def _misbehave(timeout_s: float = 5.0) -> ToolSpec:
@@ -98,7 +89,7 @@ def test_a_tool_that_exits_leaving_an_escaped_grandchild_succeeds_at_once(
     # Then the result is its value, decided when it exited, and the grandchild is dead
     assert result.success, result.error
     assert time.monotonic() - started < 5.0
-    assert not _alive(int(pid_file.read_text()))
+    assert not process_alive(int(pid_file.read_text()))
 
 
 def test_a_hanging_tool_with_an_escaped_grandchild_is_all_gone_within_its_timeout_plus_2s(
@@ -114,7 +105,7 @@ def test_a_hanging_tool_with_an_escaped_grandchild_is_all_gone_within_its_timeou
 
     _failed(result, "timeout")
     assert time.monotonic() - started < 1.0 + 2.0
-    assert not _alive(int(pid_file.read_text()))
+    assert not process_alive(int(pid_file.read_text()))
 
 
 def test_a_tree_that_keeps_forking_away_from_its_parents_is_killed_whole(shared_dir: Path) -> None:
@@ -131,7 +122,7 @@ def test_a_tree_that_keeps_forking_away_from_its_parents_is_killed_whole(shared_
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) > 3
     time.sleep(0.3)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if process_alive(p)] == []
     assert len(pid_file.read_text().split()) == len(pids)
 
 
@@ -153,7 +144,9 @@ def test_the_tools_tree_dies_with_the_process_that_ran_it(shared_dir: Path) -> N
         runner.kill()
         runner.wait(10)
         # Then the tool and its grandchild die too (the shepherd's parent-death signal)
-        wait_until(lambda: not _alive(grandchild), STOP_WAIT_S + SLACK_S, "the grandchild to die")
+        wait_until(
+            lambda: not process_alive(grandchild), STOP_WAIT_S + SLACK_S, "the grandchild to die"
+        )
     finally:
         runner.kill()
 
