@@ -104,7 +104,23 @@ class SkillClient:
         self.app.conf.update(celery_settings(base))
 
     def close(self) -> None:
-        """Release broker and backend connections."""
+        """Release the result backend's connections now, not when the collector finds them.
+
+        The broker connection goes back to kombu's pool, which every client in the
+        process shares (closing it would break the others).
+        """
+        app: Any = self.app  # its _backend: what it created, and nothing more
+        backend = app._backend  # None when no result was ever looked at
+        if backend is not None:
+            consumer = getattr(backend, "result_consumer", None)
+            if consumer is not None:
+                # Forget the subscriptions first: a job collected later would otherwise
+                # unsubscribe on a closed connection, and so open it again.
+                consumer.subscribed_to.clear()
+                consumer.stop()  # the result subscription
+            redis_client = backend.__dict__.get("client")  # only if it was created
+            if redis_client is not None:
+                redis_client.connection_pool.disconnect()
         self.app.close()
 
     def __enter__(self) -> SkillClient:

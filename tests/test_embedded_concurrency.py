@@ -207,16 +207,20 @@ def test_a_message_held_by_a_killed_worker_goes_back_to_the_queue_and_is_run(
         worker = LocalWorker(settings).start()
         assert worker.pid is not None
         pid = worker.pid
-        handle = client.submit("local/text-tools", "local/sleep", {"seconds": 1.5})
+        # (long enough that a loaded machine still kills the worker while the tool runs)
+        handle = client.submit("local/text-tools", "local/sleep", {"seconds": 3})
         wait_until(lambda: held_by(queue, pid) == 1, 20, "the worker to take the message")
         # When the worker dies holding it (acks_late: not acknowledged yet)
         os.killpg(pid, signal.SIGKILL)
         wait_until(lambda: not processes_using(home_folder), 10, "the killed worker to go")
+        # (a dying process gives up its memory, and so its /proc environ, before its files:
+        # its in-flight lock is released a moment after it stops showing up above)
+        wait_until(lambda: held_by(queue, pid) == 0, 10, "the killed worker's lock to go")
         worker.stop()  # the last user out puts back what a dead worker held
-        assert len(list(queue.glob("*.msg"))) == 1
+        assert len(list(queue.glob("*.msg"))) == 1, messages_left(queue)
         # Then the next local worker runs it
         with LocalWorker(settings):
-            assert handle.result(timeout=30).output_data == {"slept": 1.5}
+            assert handle.result(timeout=30).output_data == {"slept": 3}
     assert messages_left(queue) == []
 
 

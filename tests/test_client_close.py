@@ -1,0 +1,38 @@
+"""A closed client holds no result connection: ``close()`` releases them, not the collector."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from cleveragents.client import SkillClient
+from cleveragents.settings import Settings
+
+
+def _clients(server: redis.Redis, name: str) -> int:
+    return sum(1 for c in server.client_list() if c.get("name", "") != name)
+
+
+def test_close_releases_the_result_connections_of_the_client(redis_url: str) -> None:
+    # Given the connections to Redis before any client exists (no worker: nothing else connects)
+    server = redis.Redis.from_url(redis_url)
+    server.client_setname("observer")
+    before = _clients(server, "observer")
+
+    # And a client that sent an invocation (its broker connection goes to kombu's shared
+    # pool, for the next client), looked for its result and waited on it briefly
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    client = SkillClient(settings=settings)
+    job = client.submit("local/text-tools", "local/word-count", {"text": "a b"})
+    sent = _clients(server, "observer")
+    assert not job.ready()
+    with pytest.raises(TimeoutError):
+        job.result(timeout=0.2)
+    assert _clients(server, "observer") > sent >= before, (before, sent)
+
+    # When it is closed, while it is still referenced
+    client.close()
+
+    # Then Redis sees none of its result connections any more
+    assert _clients(server, "observer") <= sent
+    server.close()
