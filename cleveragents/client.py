@@ -8,7 +8,7 @@ or the embedded default).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -19,6 +19,7 @@ from celery.result import AsyncResult
 
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
+from cleveragents.binding import RequestIdReused, request_digest, reused_result
 from cleveragents.celery_settings import celery_settings
 from cleveragents.constants import (
     QUEUE_BATCH,
@@ -59,14 +60,18 @@ class InvocationHandle:
     #: Celery's AsyncResult from sending: already subscribed to the result, so waiting
     #: on it costs no new subscription.
     pending: Any = field(default=None, repr=False, compare=False)
+    #: The answer given without sending: the request id was bound to other content.
+    refused: SkillResult | None = field(default=None, compare=False)
 
     def result(self, timeout: float | None = None) -> SkillResult:
         """Wait for the result (``TimeoutError`` after ``timeout`` seconds)."""
+        if self.refused is not None:
+            return self.refused
         return self.client.wait(self.request_id, timeout=timeout, pending=self.pending)
 
     def ready(self) -> bool:
         """True once the result is stored."""
-        return self.client.get(self.request_id) is not None
+        return self.refused is not None or self.client.get(self.request_id) is not None
 
 
 class SkillClient:
@@ -174,12 +179,26 @@ class SkillClient:
                 timeout_s=timeout_s,
             )
         # A request id the caller chose may be finished already: then its stored
-        # result is the answer and nothing is sent (a fresh UUID cannot be).
-        pending = self.send(
-            request,
-            skip_if_done=request_id is not None or isinstance(skill, SkillInvocationRequest),
-        )
+        # result is the answer and nothing is sent (a fresh UUID cannot be). It may
+        # also be bound to another request: then nothing is sent either.
+        chosen = request_id is not None or isinstance(skill, SkillInvocationRequest)
+        try:
+            pending = self.send(request, skip_if_done=chosen)
+        except RequestIdReused as refused:
+            return InvocationHandle(request.request_id, self, refused=refused.result)
         return InvocationHandle(request.request_id, self, pending)
+
+    def bound_elsewhere(self, requests: Sequence[SkillInvocationRequest]) -> list[bool]:
+        """Bind each request's id to its content; True where the id was bound to other content.
+
+        Such a request must not be sent: it would get the other request's result
+        (``cleveragents.binding``). One round trip for all of them.
+        """
+        digests = [request_digest(r) for r in requests]
+        before = self.stores.guard.bind(
+            [(r.request_id, d) for r, d in zip(requests, digests, strict=True)]
+        )
+        return [b is not None and b != d for b, d in zip(before, digests, strict=True)]
 
     def send(self, request: SkillInvocationRequest, *, skip_if_done: bool = True) -> Any:
         """Publish one request on its queue (writes travel on the write queue).
@@ -187,8 +206,14 @@ class SkillClient:
         With ``skip_if_done`` a request id that already has a stored result (that
         answers this request) is not sent again. Returns Celery's AsyncResult of
         the message, or None when nothing was sent.
+
+        Raises:
+            RequestIdReused: with ``skip_if_done``, when the id is bound to another
+                request (other skill, tool or arguments); nothing was sent.
         """
         if skip_if_done:
+            if self.bound_elsewhere([request]) == [True]:
+                raise RequestIdReused(reused_result(request_payload(request)))
             [stored] = self.results.reusable(
                 [request.request_id], [request.allow_writes], forget_stale=True
             )

@@ -20,6 +20,8 @@ QUEUE_BATCH_WRITE = "skills.batch.write"
 BATCH_KEY_PREFIX = "cleveragents:batch:"
 #: Prefix of the at-most-once markers of write-capable, non-idempotent invocations.
 CLAIM_KEY_PREFIX = "cleveragents:claim:"
+#: Prefix of the keys that bind a request id to a digest of its content (``cleveragents.binding``).
+BIND_KEY_PREFIX = "cleveragents:bind:"
 #: The Redis list of poison invocations kept for inspection (newest first).
 DEAD_LETTER_KEY = f"{CLAIM_KEY_PREFIX}dead-letter"
 #: Dead letters kept; older ones are dropped.

@@ -32,6 +32,8 @@ _REASON_FIXES = {
     "less, or raise the limit on the worker",
     "poison_message": "the invocation ended its worker process at every delivery: run the "
     "tool by hand to see why",
+    "request_id_reused": "give this request a request id of its own (or none: a new one is "
+    "made); `cleveragents result ID` shows what the id already answers",
 }
 _TYPE_FIXES = {
     "skill_not_found": "`cleveragents skills list` shows the catalogue "

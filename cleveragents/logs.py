@@ -18,7 +18,7 @@ INVOCATION_LOGGER = logging.getLogger("cleveragents.invocations")
 def invocation_fields(request_id: str, result: SkillResult) -> dict[str, Any]:
     """What one invocation's line holds: who, what, how it ended, how long it took."""
     error = result.error
-    return {
+    fields: dict[str, Any] = {
         "request_id": request_id,
         "skill": result.skill_name,
         "tool": result.tool_name,
@@ -26,6 +26,10 @@ def invocation_fields(request_id: str, result: SkillResult) -> dict[str, Any]:
         "error_type": str(error.error_type) if error is not None else None,
         "duration_ms": round(result.duration_ms, 3),
     }
+    reason = error.details.get("reason") if error is not None else None
+    if isinstance(reason, str):  # a refusal's or a limit's name: request_id_reused, poison_message
+        fields["reason"] = reason[:64]
+    return fields
 
 
 def log_invocation(request_id: str, result: SkillResult) -> None:

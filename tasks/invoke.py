@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 
+from cleveragents.binding import REASON_REUSED
 from cleveragents.constants import TASK_INVOKE
 from cleveragents.pipeline import execute
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
@@ -44,6 +46,13 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     task_id = self.request.id or ""
     body = _request_from_args(args, kwargs, task_id)
     pipeline = state.pipeline(self.app.backend)
+    answer = pipeline.answered(body, task_id) if task_id else None
+    if answer is not None:
+        # Its id answers another request, or this one already: nothing runs, and the
+        # stored result is never overwritten (Ignore stores no state).
+        if answer.error is not None and answer.error.details.get("reason") == REASON_REUSED:
+            pipeline.observe(task_id, answer)
+        raise Ignore()
     result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))
     payload = result_payload(result, task_id)
     if not result.success:

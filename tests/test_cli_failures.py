@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,10 +56,37 @@ def test_a_refused_write_names_its_fix(tmp_path: Path) -> None:
     assert "fix: the tool writes: add --allow-writes" in done.stderr
 
 
+def test_a_request_id_reused_for_other_arguments_runs_nothing_and_names_its_fix(
+    tmp_path: Path,
+) -> None:
+    # Given a finished request under a chosen id (embedded default: no broker to set up)
+    first = _submit(tmp_path, "local/text-tools", "local/word-count", "--args",
+                    '{"text": "a b"}', "--request-id", "mine-1")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == '{"words": 2}'
+
+    # When the same id is sent with other arguments
+    again = _submit(tmp_path, "local/text-tools", "local/word-count", "--args",
+                    '{"text": "a b c"}', "--request-id", "mine-1", "--json")
+
+    # Then it is refused, nothing ran, and the id still answers the first request
+    assert again.returncode == 1
+    payload = json.loads(again.stdout)
+    assert payload["error"]["error_type"] == "validation_error"
+    assert payload["error"]["details"]["reason"] == "request_id_reused"
+    same = _submit(tmp_path, "local/text-tools", "local/word-count", "--args",
+                   '{"text": "a b"}', "--request-id", "mine-1")
+    assert same.stdout.strip() == '{"words": 2}'
+    human = _submit(tmp_path, "local/text-tools", "local/word-count", "--args",
+                    '{"text": "x"}', "--request-id", "mine-1")
+    assert "fix: give this request a request id of its own" in human.stderr
+
+
 def test_every_refusal_gate_and_limit_has_a_fix() -> None:
     for details in ({"gate": "request_disallows_writes"}, {"gate": "worker_read_only"},
                     {"gate": "skill_read_only"}, {"reason": "timeout"},
-                    {"reason": "output_too_large"}, {"reason": "poison_message"}):
+                    {"reason": "output_too_large"}, {"reason": "poison_message"},
+                    {"reason": "request_id_reused"}):
         result = failed_result("s/k", "t/t", SkillErrorType.PERMISSION_DENIED, "no", details)
         assert result.error is not None
         assert fix_for(result.error), details

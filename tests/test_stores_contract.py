@@ -164,6 +164,18 @@ def test_dead_letters_are_kept_newest_first(stores: Stores) -> None:
 # --- result store ------------------------------------------------------------------
 
 
+def test_a_request_id_is_bound_once_to_its_first_digest(stores: Stores) -> None:
+    # The first binding wins; each later one is told the digest the id is bound to
+    assert stores.guard.bind([("b-1", "d1"), ("b-2", "d2")]) == [None, None]
+    assert stores.guard.bind([("b-1", "d1"), ("b-2", "other"), ("b-3", "d3")]) == [
+        "d1",
+        "d2",
+        None,
+    ]
+    assert stores.guard.bind([("b-2", "d2")]) == ["d2"]
+    assert stores.guard.bind([]) == []
+
+
 def test_results_are_stored_and_read_back_in_order(stores: Stores) -> None:
     failure = failed_result("s/k", "t/l", SkillErrorType.VALIDATION_ERROR, "bad", {"path": "x"})
     stores.results.put_many([("r-1", ok("one")), ("r-2", failure)])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from cleveragents.batch.gather import Entry, OrderedGather
-from cleveragents.batch.runner import BatchRunner, invalid_payload
+from cleveragents.batch.runner import BatchRunner, invalid_payload, reused_payload
 from cleveragents.batch.source import BatchItem
 from cleveragents.errors import SchemaValidationError
 from cleveragents.runtime.invoke import parse_request
@@ -49,6 +49,10 @@ class BatchProducer(Protocol):
         """Publish many requests as one chunk message."""
         ...
 
+    def bound_elsewhere(self, requests: Sequence[SkillInvocationRequest]) -> list[bool]:
+        """Bind each request's id to its content; True where it was bound to other content."""
+        ...
+
 
 def as_items(requests: Iterable[SkillInvocationRequest | Mapping[str, Any]]) -> Iterator[BatchItem]:
     """Requests (models or dicts) as batch items; an invalid one becomes an item with a problem."""
@@ -85,7 +89,9 @@ def run_many(
     options: dict[str, Any] = {"reuse": reuse, "chunk_size": chunk_size}
     if window is not None:
         options["window"] = window
-    return BatchRunner(items, client.results, client.send_chunk, **options)
+    return BatchRunner(
+        items, client.results, client.send_chunk, bind=client.bound_elsewhere, **options
+    )
 
 
 class _Submission:
@@ -98,16 +104,47 @@ class _Submission:
         self.chunks: dict[bool, list[SkillInvocationRequest]] = {False: [], True: []}
         self.ids: list[str] = []
         self.invalid: list[tuple[str, dict[str, Any]]] = []
+        self.waiting: list[BatchItem] = []
 
     def add(self, item: BatchItem) -> None:
+        """Take one item; its ids are bound a group at a time, in one round trip."""
+        self.waiting.append(item)
+        if len(self.waiting) >= SUBMIT_CHUNK:
+            self._admit()
+
+    def _admit(self) -> None:
+        items, self.waiting = self.waiting, []
+        requests = [item.request for item in items if item.request is not None]
+        reused = {
+            id(request)
+            for request, refused in zip(
+                requests, self.client.bound_elsewhere(requests) if requests else [], strict=True
+            )
+            if refused
+        }
+        for item in items:
+            if item.request is not None and id(item.request) in reused:
+                # Its id answers another request: its line gets a refusal under an id
+                # of its own, and the other request's result stays as it is.
+                own = f"reused-{uuid.uuid4()}"
+                self._take_invalid(own, {**reused_payload(item.request), "request_id": own})
+            else:
+                self._take(item)
+
+    def _take_invalid(self, request_id: str, payload: dict[str, Any]) -> None:
+        self.total += 1
+        self.ids.append(request_id)
+        self.invalid.append((request_id, payload))
+        if len(self.invalid) >= SUBMIT_CHUNK:
+            self._store_invalid()
+
+    def _take(self, item: BatchItem) -> None:
         """Take one item; send its chunk once full (its ids recorded first)."""
+        if item.request is None:
+            self._take_invalid(item.request_id, invalid_payload(item))
+            return
         self.total += 1
         self.ids.append(item.request_id)
-        if item.request is None:
-            self.invalid.append((item.request_id, invalid_payload(item)))
-            if len(self.invalid) >= SUBMIT_CHUNK:
-                self._store_invalid()
-            return
         writes = item.request.allow_writes
         self.chunks[writes].append(item.request)
         if len(self.chunks[writes]) >= SUBMIT_CHUNK:
@@ -116,6 +153,7 @@ class _Submission:
 
     def close(self) -> None:
         """Record the remaining ids, send the last chunks, store the last invalid lines."""
+        self._admit()
         self._record_ids()
         self._send(False)
         self._send(True)

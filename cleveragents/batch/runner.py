@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.source import BatchItem
+from cleveragents.binding import reused_result
 from cleveragents.constants import MAX_CHUNK_BYTES
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.stores import ResultStore
-from cleveragents.wire import result_payload
+from cleveragents.wire import request_payload, result_payload
+
+#: Binds requests' ids to their content; True where an id was bound to other content.
+BindIds = Callable[[Sequence[SkillInvocationRequest]], list[bool]]
 
 __all__ = ["BatchRunner", "invalid_payload"]
 
@@ -45,6 +49,11 @@ def invalid_payload(item: BatchItem) -> dict[str, Any]:
     return result_payload(result, item.request_id)
 
 
+def reused_payload(request: SkillInvocationRequest) -> dict[str, Any]:
+    """The answer to a line whose request id is bound to another request: nothing ran."""
+    return result_payload(reused_result(request_payload(request)), request.request_id)
+
+
 def _size(request: SkillInvocationRequest) -> int:
     # Empty or small arguments are the common case: skip encoding them.
     if not request.arguments:
@@ -64,10 +73,12 @@ class BatchRunner:
         reuse: bool = True,
         window: int = DEFAULT_WINDOW,
         chunk_size: int | None = None,
+        bind: BindIds | None = None,
     ) -> None:
         self.items = iter(items)
         self.store = store
         self.send_chunk = send_chunk
+        self.bind = bind
         self.reuse = reuse
         self.window = window
         self.chunk_size = chunk_size or DEFAULT_CHUNK
@@ -92,7 +103,13 @@ class BatchRunner:
             return
         self.buffers[writes] = []
         self.buffer_bytes[writes] = 0
-        if self.reuse:
+        if self.bind is not None:  # an id bound to another request gets no one's result
+            reused = self.bind([request for _, request in buffer])
+            for (entry, request), refused in zip(buffer, reused, strict=True):
+                if refused:
+                    entry.payload = reused_payload(request)
+            buffer = [pair for pair, refused in zip(buffer, reused, strict=True) if not refused]
+        if self.reuse and buffer:
             ids = [entry.request_id for entry, _ in buffer]
             writes_allowed = [request.allow_writes for _, request in buffer]
             payloads = self.store.reusable(ids, writes_allowed, forget_stale=True)

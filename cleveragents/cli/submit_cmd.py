@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from cleveragents.binding import RequestIdReused
 from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import SkillClient
 from cleveragents.embedded.runner import LocalWorker
@@ -129,19 +130,25 @@ def submit(
             )
         except SchemaValidationError as exc:
             raise CliFailure(str(exc)) from None
+        try:
+            if not wait:
+                client.send(request)
+            else:
+                with local_worker_if_embedded(settings):
+                    # Wait on the send's own AsyncResult: already subscribed to the result.
+                    pending = client.send(request)
+                    # Tools are stopped at their timeout; allow a minute of queueing on top.
+                    limit = None if timeout is None else timeout + 60
+                    outcome = _wait(client, request.request_id, limit, pending)
+        except RequestIdReused as refused:  # nothing was sent
+            show_result(refused.result, request.request_id, as_json)
+            return
         if not wait:
-            client.send(request)
             if as_json:
                 print_json({"request_id": request.request_id})
             else:
                 click.echo(request.request_id)
             return
-        with local_worker_if_embedded(settings):
-            # Wait on the send's own AsyncResult: already subscribed to the result.
-            pending = client.send(request)
-            # Tools are stopped at their timeout; allow a minute of queueing on top.
-            limit = None if timeout is None else timeout + 60
-            outcome = _wait(client, request.request_id, limit, pending)
         show_result(outcome, request.request_id, as_json)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cleveragents.binding import content_digest, reused_result
 from cleveragents.outcomes import text_field
 from cleveragents.pipeline.invocation import Pipeline
 from cleveragents.skills import SkillResult
@@ -61,7 +62,7 @@ class _Slice:
     def run_group(self, bodies: Sequence[Any]) -> None:
         """Run the requests of ``bodies`` that have no stored result yet."""
         ids = [text_field(body, "request_id") for body in bodies]
-        done = self._finished(bodies, ids)
+        done = self._finished(bodies, ids) | self._bound_elsewhere(bodies, ids)
         for body, rid in zip(bodies, ids, strict=True):
             if not rid or rid in done or rid in self.seen:
                 self.skipped += 1  # no id to store a result under, or already finished
@@ -75,6 +76,19 @@ class _Slice:
                 self.flush()
         if len(self.pending) >= FLUSH_EVERY_N:
             self.flush()
+
+    def _bound_elsewhere(self, bodies: Sequence[Any], ids: list[str]) -> set[str]:
+        """Ids bound to other content: run nothing, store nothing (``cleveragents.binding``)."""
+        known = [
+            (rid, body, content_digest(body)) for rid, body in zip(ids, bodies, strict=True) if rid
+        ]
+        before = self.pipeline.guard.store.bind([(rid, digest) for rid, _, digest in known])
+        reused = set()
+        for (rid, body, digest), bound in zip(known, before, strict=True):
+            if bound is not None and bound != digest:
+                reused.add(rid)
+                self.pipeline.observe(rid, reused_result(body))
+        return reused
 
     def _finished(self, bodies: Sequence[Any], ids: list[str]) -> set[str]:
         known = [(rid, body) for rid, body in zip(ids, bodies, strict=True) if rid]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleveragents.binding import content_digest, reused_result
 from cleveragents.guard import Guard
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
@@ -67,6 +68,23 @@ class Pipeline:
             max_timeout_s=self.max_timeout_s,
             before_write=before_write,
         )
+
+    def answered(self, body: Any, request_id: str) -> SkillResult | None:
+        """The answer to a delivery that must neither run nor store anything, if it is one.
+
+        Its id bound to other content: the ``request_id_reused`` refusal. Its id bound
+        to this content with a result stored that answers it: that result. The first
+        delivery of an id costs one round trip (``SET NX GET``) and nothing more.
+        """
+        digest = content_digest(body)
+        [before] = self.guard.store.bind([(request_id, digest)])
+        if before is None:
+            return None
+        if before != digest:
+            return reused_result(body)
+        writes = isinstance(body, dict) and body.get("allow_writes") is True
+        [stored] = self.results.reusable([request_id], [writes])
+        return None if stored is None else SkillResult.model_validate(stored)
 
     def run_guarded(
         self, body: Any, request_id: str, *, redelivered: bool, chunk_item: bool = False

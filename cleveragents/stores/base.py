@@ -164,6 +164,14 @@ class GuardStore(Protocol):
         """The newest ``limit`` dead letters, newest first."""
         ...
 
+    def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        """Bind each request id to its content digest, atomically, where it is not bound yet.
+
+        Returns, for each pair, the digest the id was bound to before (None when this
+        call bound it). Binding the same digest again is harmless.
+        """
+        ...
+
 
 class ResultStore(Protocol):
     """Finished ``SkillResult``s in Celery's own result format, many at a time."""

@@ -112,6 +112,21 @@ class FileGuardStore:
                 continue
         return out
 
+    def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        """Bind ids to digests: an ``O_EXCL`` file per id, holding its digest."""
+        return [self._bind_one(request_id, digest) for request_id, digest in pairs]
+
+    def _bind_one(self, request_id: str, digest: str) -> str | None:
+        path = self._path("bind", request_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            # One write of a short string: a reader sees all of it or (being written) none.
+            return path.read_text(encoding="utf-8") or digest
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(digest)
+        return None
+
 
 class FileResultStore(KeyValueResults):
     """Results in Celery's file result store (any key-value backend), one call per key."""

@@ -29,6 +29,7 @@ class MemoryGuardStore:
         self._attempts: dict[str, int] = {}
         self._claims: dict[str, Claim] = {}
         self._dead: list[str] = []
+        self._bound: dict[str, str] = {}
 
     def attempt(self, request_id: str) -> int:
         """Count one more delivery of ``request_id``; return how many have been counted."""
@@ -65,6 +66,14 @@ class MemoryGuardStore:
         """The newest ``limit`` dead letters, newest first."""
         with self._lock:
             return [json.loads(text) for text in self._dead[:limit]]
+
+    def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        """Bind ids to digests, behind the lock."""
+        with self._lock:
+            before = [self._bound.get(request_id) for request_id, _ in pairs]
+            for request_id, digest in pairs:
+                self._bound.setdefault(request_id, digest)
+            return before
 
 
 class MemoryResultStore(KeyValueResults):

@@ -18,6 +18,7 @@ from typing import Any
 
 from cleveragents.constants import (
     BATCH_KEY_PREFIX,
+    BIND_KEY_PREFIX,
     CLAIM_KEY_PREFIX,
     DEAD_LETTER_KEY,
     DEAD_LETTER_LIMIT,
@@ -103,6 +104,22 @@ class RedisGuardStore:
         """The newest ``limit`` dead letters, newest first."""
         raw = retrying(lambda: self.client.lrange(DEAD_LETTER_KEY, 0, limit - 1))
         return [json.loads(value) for value in raw]
+
+    def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        """Bind ids to digests: one ``SET NX GET`` each (Redis 7), in one round trip."""
+        if not pairs:
+            return []
+
+        def bind_all() -> list[Any]:
+            with self.client.pipeline(transaction=False) as pipe:
+                for request_id, digest in pairs:
+                    key = f"{BIND_KEY_PREFIX}{request_id}"
+                    pipe.set(key, digest, nx=True, get=True, ex=self.ttl)
+                return list(pipe.execute())
+
+        # A reply lost to a broken connection is sent again and finds its own digest:
+        # the same request, as it is.
+        return [None if raw is None else _text(raw) for raw in retrying(bind_all)]
 
 
 class RedisResultStore(KeyValueResults):
