@@ -305,6 +305,21 @@ class SkillClient:
             return result_from_stored(meta.get("result"), request_id)
         return None
 
+    def _no_result(self, request_id: str, timeout: float) -> str:
+        """What a time-out says: the request id, and what to check."""
+        if self.settings.embedded:
+            check = (
+                "on the embedded default no worker runs unless something starts one: run "
+                "`cleveragents worker` in another terminal, or wrap the client's work in "
+                "`with LocalWorker(client.settings):` (cleveragents.embedded.runner)"
+            )
+        else:
+            check = (
+                "is a worker consuming this broker (`celery -A worker inspect ping`), and "
+                "is its queue backed up (`cleveragents metrics`)?"
+            )
+        return f"no result for {request_id} within {timeout:g}s: {check}"
+
     def wait(
         self, request_id: str, timeout: float | None = None, *, pending: Any = None
     ) -> SkillResult:
@@ -319,7 +334,7 @@ class SkillClient:
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"no result for {request_id} within {timeout:g}s")
+                raise TimeoutError(self._no_result(request_id, timeout or 0.0))
             # Wait for Celery's notification, and re-read the store every few seconds:
             # the batch path stores results in bulk, without one.
             step = RECHECK_S if remaining is None else min(RECHECK_S, remaining)

@@ -1,6 +1,8 @@
-"""A closed client holds no result connection: ``close()`` releases them, not the collector."""
+"""A closed client holds no result connection, and a client that waits in vain says why."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import redis
@@ -36,3 +38,19 @@ def test_close_releases_the_result_connections_of_the_client(redis_url: str) -> 
     # Then Redis sees none of its result connections any more
     assert _clients(server, "observer") <= sent
     server.close()
+
+
+def test_a_time_out_on_the_embedded_default_names_the_id_and_how_to_start_a_worker(
+    tmp_path: Path,
+) -> None:
+    # Given a client on the embedded default, and no worker running
+    settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
+    with SkillClient(settings=settings) as client:
+        handle = client.submit("local/text-tools", "local/word-count", {"text": "a"})
+        # When its wait runs out
+        with pytest.raises(TimeoutError) as raised:
+            handle.result(timeout=0.3)
+    # Then the error names the request and says how to get a worker
+    assert handle.request_id in str(raised.value)
+    assert "cleveragents worker" in str(raised.value)
+    assert "LocalWorker" in str(raised.value)
