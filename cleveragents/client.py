@@ -31,6 +31,7 @@ from cleveragents.constants import (
     TASK_INVOKE_CHUNK,
 )
 from cleveragents.embedded.folders import create_folders
+from cleveragents.queued import is_waiting
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
@@ -49,6 +50,10 @@ MAX_POLL_INTERVAL_S = 0.25
 TORN_READS = 5
 #: How often a waiting client re-reads the store besides waiting for a notification.
 RECHECK_S = 2.0
+#: ``locate`` looks twice, this far apart, before it calls an id unknown.
+LOCATE_RECHECK_S = 0.5
+#: What ``locate`` says of an id nothing was sent under.
+UNKNOWN = "UNKNOWN"
 
 
 @dataclass(frozen=True)
@@ -230,11 +235,14 @@ class SkillClient:
             headers={SENT_AT_HEADER: time.time()},
         )
 
-    def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
-        """Publish many requests as one message on the batch queue (write queue if any writes)."""
+    def send_chunk(self, requests: list[SkillInvocationRequest]) -> str:
+        """Publish many requests as one message on the batch queue (write queue if any writes).
+
+        Returns the message's id.
+        """
         payloads = [request_payload(r) for r in requests]
         writes = any(r.allow_writes for r in requests)
-        self.app.send_task(
+        sent = self.app.send_task(
             TASK_INVOKE_CHUNK,
             args=[payloads],
             queue=QUEUE_BATCH_WRITE if writes else QUEUE_BATCH,
@@ -243,6 +251,7 @@ class SkillClient:
             ignore_result=True,
             headers={SENT_AT_HEADER: time.time()},
         )
+        return str(sent.id)
 
     def revoke(self, request_id: str, *, terminate: bool = False) -> bool:
         """Revoke an invocation: a queued one never starts; ``terminate`` stops a running one.
@@ -289,6 +298,26 @@ class SkillClient:
     def state(self, request_id: str) -> str:
         """Celery's state of the invocation: PENDING, STARTED, SUCCESS, FAILURE, ..."""
         return str(AsyncResult(request_id, app=self.app).state)
+
+    def locate(self, request_id: str) -> str:
+        """Celery's state of an invocation with no result, or ``UNKNOWN`` for an id never sent.
+
+        PENDING means sent and not yet started: the id is bound (the CLI, batches and
+        chosen ids bind before sending; a worker binds what it takes), or its message
+        waits in a queue (``cleveragents.queued``). UNKNOWN means neither, looked at
+        twice: a typo, or a result and binding that expired (``CLEVERAGENTS_RESULT_EXPIRES_S``).
+        """
+        for attempt in range(2):
+            state = self.state(request_id)
+            if state != "PENDING" or self.stores.guard.binding(request_id) is not None:
+                return state
+            if is_waiting(self.settings, request_id) is not False:
+                return state  # waiting, or a broker that cannot be searched
+            if self.get(request_id) is not None:
+                return "SUCCESS"  # finished meanwhile
+            if attempt == 0:  # a message between a queue and a worker's record of it
+                time.sleep(LOCATE_RECHECK_S)
+        return UNKNOWN
 
     def get(self, request_id: str) -> SkillResult | None:
         """The stored result, or None while there is none (or it is being written)."""

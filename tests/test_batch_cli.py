@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.procs import REPO, Worker, kill_group, wait_until
+from tests.procs import FIXTURE_SKILLS, REPO, Worker, kill_group, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -459,6 +459,54 @@ def test_the_example_batch_runs_on_the_embedded_default_with_no_server(tmp_path:
     for payload, line in zip(results, expected, strict=True):
         assert set(payload) == RESULT_FIELDS
         assert (payload["skill_name"], payload["tool_name"]) == (line["skill"], line["tool"])
+
+
+def _waiting_messages(home: Path) -> list[Path]:
+    broker = home / "broker"
+    return list((broker / "queue").glob("*.msg")) + list((broker / "inflight").glob("*/*.msg"))
+
+
+def test_ctrl_c_on_the_embedded_default_says_what_stopped_and_leaves_nothing_queued(
+    tmp_path: Path,
+) -> None:
+    count_file = tmp_path / "count"
+    batch, keys = _resume_file(tmp_path, count_file, 300)
+    out = tmp_path / "out.jsonl"
+    home = tmp_path / "home"
+    env = cli_env(CLEVERAGENTS_HOME=str(home), CLEVERAGENTS_CATALOGUE=str(FIXTURE_SKILLS))
+
+    # Given a batch run on the embedded default, interrupted as a terminal's Ctrl-C does
+    run = subprocess.Popen(
+        [sys.executable, "-m", "cleveragents", "batch", "run", str(batch), "--out", str(out),
+         "--chunk-size", "25"],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: len(runs_per_key(count_file)) >= 30, 60, "some lines to run")
+        os.killpg(run.pid, signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            kill_group(run)
+    text = stderr.decode()
+
+    # Then it says the local worker stopped (nothing keeps running), and nothing waits on disk
+    assert run.returncode == 130, text
+    assert "the local worker stopped, and what it had not run was taken off the queue" in text
+    assert "keeps running" not in text
+    assert _waiting_messages(home) == []
+    ran = len(runs_per_key(count_file))
+    assert ran < len(keys), "the run finished before it could be interrupted: make it slower"
+    time.sleep(1.0)
+    assert len(runs_per_key(count_file)) == ran, "work went on after the interrupt"
+
+    # When the same command runs again, it completes, runs nothing twice, leaves nothing behind
+    again = run_cli("batch", "run", str(batch), "--out", str(out), "--chunk-size", "25",
+                    env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    _assert_complete_and_once(out, count_file, keys)
+    assert _waiting_messages(home) == []
 
 
 # --- background batches ------------------------------------------------------------------

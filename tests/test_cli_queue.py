@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cleveragents.client import SkillClient
+from cleveragents.settings import Settings
 from tests.procs import REPO, Worker
 
 pytestmark = pytest.mark.timeout(180)
@@ -98,12 +100,45 @@ def test_bad_input_exits_2_with_one_line(redis_url: str, args: list[str]) -> Non
     assert done.stderr.strip()
 
 
-def test_result_of_an_unknown_id_is_not_ready(redis_url: str) -> None:
-    done = run_cli(
-        "result", "never-submitted", "--json", env={"CLEVERAGENTS_BROKER_URL": redis_url}
-    )
-    assert done.returncode == 1
-    assert json.loads(done.stdout) == {"request_id": "never-submitted", "state": "PENDING"}
+def test_result_of_an_id_never_submitted_says_so(redis_url: str) -> None:
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    done = run_cli("result", "never-submitted", "--json", env=env)
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {"request_id": "never-submitted", "state": "UNKNOWN"}
+    human = run_cli("result", "never-submitted", "--wait", env=env)
+    assert human.returncode == 2
+    assert "no invocation never-submitted is known" in human.stderr
+    assert "nothing was submitted under this id" in human.stderr
+
+
+def test_result_of_an_id_still_queued_is_pending(redis_url: str) -> None:
+    # A Python client's fresh id is known only to the queue until a worker takes it
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    with SkillClient(settings=settings) as client:
+        handle = client.submit("local/text-tools", "local/word-count", {"text": "a"})
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    done = run_cli("result", handle.request_id, "--json", env=env)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout) == {"request_id": handle.request_id, "state": "PENDING"}
+    # and one the CLI sent is bound to its content when sent
+    sent = run_cli("submit", "local/text-tools", "local/shout", "--args", '{"text": "x"}',
+                   env=env)
+    assert sent.returncode == 0, sent.stderr
+    later = run_cli("result", sent.stdout.strip(), env=env)
+    assert later.returncode == 1
+    assert "pending (no result yet)" in later.stderr
+
+
+def test_the_embedded_default_tells_a_queued_id_from_a_mistyped_one(tmp_path: Path) -> None:
+    env = {"CLEVERAGENTS_HOME": str(tmp_path / "home")}
+    with SkillClient(settings=Settings.from_env(env)) as client:
+        handle = client.submit("local/text-tools", "local/word-count", {"text": "a"})
+    queued = run_cli("result", handle.request_id, "--json", env=env, cwd=tmp_path)
+    assert queued.returncode == 1, queued.stderr
+    assert json.loads(queued.stdout)["state"] == "PENDING"
+    typo = run_cli("result", handle.request_id[:-1] + "x", env=env, cwd=tmp_path)
+    assert typo.returncode == 2
+    assert "nothing was submitted under this id" in typo.stderr
 
 
 def test_the_embedded_default_runs_an_invocation_with_no_server(tmp_path: Path) -> None:

@@ -174,6 +174,8 @@ def test_a_request_id_is_bound_once_to_its_first_digest(stores: Stores) -> None:
     ]
     assert stores.guard.bind([("b-2", "d2")]) == ["d2"]
     assert stores.guard.bind([]) == []
+    assert stores.guard.binding("b-2") == "d2"
+    assert stores.guard.binding("never-used") is None
 
 
 def test_results_are_stored_and_read_back_in_order(stores: Stores) -> None:

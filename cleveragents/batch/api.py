@@ -45,8 +45,8 @@ class BatchProducer(Protocol):
         """Where background batches keep their ordered request ids."""
         ...
 
-    def send_chunk(self, requests: list[SkillInvocationRequest]) -> None:
-        """Publish many requests as one chunk message."""
+    def send_chunk(self, requests: list[SkillInvocationRequest]) -> str | None:
+        """Publish many requests as one chunk message; return its id."""
         ...
 
     def bound_elsewhere(self, requests: Sequence[SkillInvocationRequest]) -> list[bool]:

@@ -34,7 +34,8 @@ DEFAULT_WINDOW = 20_000
 #: Longest pause between two reads of the result store.
 MAX_POLL_S = 0.02
 
-SendChunk = Callable[[list[SkillInvocationRequest]], None]
+#: Publishes one chunk of requests; returns the message's id (or None).
+SendChunk = Callable[[list[SkillInvocationRequest]], str | None]
 
 
 def invalid_payload(item: BatchItem) -> dict[str, Any]:
@@ -89,6 +90,8 @@ class BatchRunner:
         self.submitted = 0
         self.reused = 0
         self.stopped = False
+        #: Ids of the chunk messages this run sent, in order (one per chunk, not per line).
+        self.messages: list[str] = []
 
     def stop(self) -> None:
         """End the run: submit nothing more and yield nothing more (Ctrl-C).
@@ -118,7 +121,9 @@ class BatchRunner:
         todo = [request for entry, request in buffer if entry.payload is None]
         self.reused += len(buffer) - len(todo)
         if todo:
-            self.send_chunk(todo)
+            message = self.send_chunk(todo)
+            if message is not None:
+                self.messages.append(message)
             self.submitted += len(todo)
 
     def _fill(self) -> None:

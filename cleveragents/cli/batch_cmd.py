@@ -27,6 +27,8 @@ from cleveragents.batch.source import BatchItem, read_jsonl
 from cleveragents.cli.render import CliFailure, err_console, print_json
 from cleveragents.cli.submit_cmd import local_worker_if_embedded
 from cleveragents.client import SkillClient
+from cleveragents.embedded.runner import LocalWorker
+from cleveragents.embedded.withdraw import withdraw
 from cleveragents.settings import Settings
 
 __all__ = ["batch"]
@@ -176,6 +178,20 @@ def batch() -> None:
     """Run many invocations from a JSONL file (one request a line)."""
 
 
+def _what_happens_to_the_rest(
+    settings: Settings, local: LocalWorker | None, messages: list[str]
+) -> str:
+    """What becomes of the submitted work on Ctrl-C, said truly."""
+    if not settings.embedded:
+        return "what was submitted keeps running on the workers."
+    if local is not None and not local.stopped_worker:
+        return "what was submitted keeps running on the local worker another command shares."
+    # This command's worker stopped with it: take back what no worker ran, or it would
+    # wait on disk and run, unasked, whenever a worker next starts on this home.
+    withdraw(settings, messages)
+    return "the local worker stopped, and what it had not run was taken off the queue."
+
+
 @batch.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
 @out_option
@@ -206,8 +222,9 @@ def run_batch(
             chunk_size=chunk_size,
         )
         progress = _progress(total)
+        local: LocalWorker | None = None
         try:
-            with local_worker_if_embedded(settings), progress:
+            with local_worker_if_embedded(settings) as local, progress:
                 task = progress.add_task("batch", total=total, rate="0", failures="")
                 _write_all(iter(runner), out, tally, progress, task, bad, bad_lines)
                 progress.update(task, completed=tally.done, failures=tally.failures_text())
@@ -216,11 +233,13 @@ def run_batch(
             out.flush()
             click.echo(
                 f"\ninterrupted: {tally.done} of {total} results written to {out_path}; "
-                f"what was submitted keeps running. Run the same command again to resume "
-                f"(stored results are reused, nothing runs twice).",
+                f"{_what_happens_to_the_rest(settings, local, runner.messages)} Run the same "
+                "command again to resume (stored results are reused, nothing runs twice).",
                 err=True,
             )
             raise click.exceptions.Exit(130) from None
+        # Every line has its result: a chunk still waiting holds only finished requests.
+        withdraw(settings, runner.messages)
     _summary(tally, total, bad, time.monotonic() - started, runner.reused)
     raise click.exceptions.Exit(_exit_code(tally, bad))
 

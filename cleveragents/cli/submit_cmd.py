@@ -12,7 +12,7 @@ import click
 
 from cleveragents.binding import RequestIdReused
 from cleveragents.cli.render import CliFailure, print_json
-from cleveragents.client import SkillClient
+from cleveragents.client import UNKNOWN, SkillClient
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.errors import SchemaValidationError
 from cleveragents.hints import failure_lines
@@ -166,17 +166,33 @@ def result(request_id: str, wait: bool, timeout: float | None, as_json: bool) ->
     """Print the result of one invocation (exit 1 if it failed or is not there yet)."""
     settings = Settings.from_env()
     with SkillClient(settings=settings) as client:
-        if wait:
+        found = client.get(request_id)
+        state = "SUCCESS" if found is not None else client.locate(request_id)
+        if state == UNKNOWN:
+            _unknown(request_id, settings, as_json)
+        if found is not None:
+            outcome = found
+        elif wait:
             with local_worker_if_embedded(settings):
                 outcome = _wait(client, request_id, timeout)
         else:
-            found = client.get(request_id)
-            if found is None:
-                state = client.state(request_id)
-                if as_json:
-                    print_json({"request_id": request_id, "state": state})
-                else:
-                    click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
-                raise click.exceptions.Exit(1)
-            outcome = found
+            if as_json:
+                print_json({"request_id": request_id, "state": state})
+            else:
+                click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
+            raise click.exceptions.Exit(1)
         show_result(outcome, request_id, as_json)
+
+
+def _unknown(request_id: str, settings: Settings, as_json: bool) -> None:
+    """An id with no result, no binding and no waiting message: exit 2, saying why."""
+    if as_json:
+        print_json({"request_id": request_id, "state": UNKNOWN})
+        raise click.exceptions.Exit(2)
+    where = f"home {settings.home}" if settings.embedded else "this broker"
+    raise CliFailure(
+        f"no invocation {request_id} is known to {where}: nothing was submitted under this "
+        f"id, or its result expired (kept {settings.result_expires_s:g} s, "
+        "CLEVERAGENTS_RESULT_EXPIRES_S); check the id `cleveragents submit` printed, and "
+        "that CLEVERAGENTS_BROKER_URL / CLEVERAGENTS_HOME are the ones it was sent with"
+    )

@@ -99,6 +99,8 @@ class LocalWorker:
         #: The shared worker's PID once joined.
         self.pid: int | None = None
         self._users: IO[bytes] | None = None
+        #: True once this command, the last one out, stopped the worker.
+        self.stopped_worker = False
 
     def start(self) -> LocalWorker:
         """Join the home's local worker, starting it if none runs; return once it consumes."""
@@ -128,6 +130,7 @@ class LocalWorker:
         with users:  # closing the file drops whatever lock is left
             if leave_last(users):
                 stop_worker(self.share, _queue_folder(self.settings))
+                self.stopped_worker = True
 
     def _spawn(self) -> WorkerRecord:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,10 @@ class GuardStore(Protocol):
         """
         ...
 
+    def binding(self, request_id: str) -> str | None:
+        """The digest ``request_id`` is bound to, or None when nothing used it (or it expired)."""
+        ...
+
 
 class ResultStore(Protocol):
     """Finished ``SkillResult``s in Celery's own result format, many at a time."""

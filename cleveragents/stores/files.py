@@ -127,6 +127,13 @@ class FileGuardStore:
             handle.write(digest)
         return None
 
+    def binding(self, request_id: str) -> str | None:
+        """The digest in the id's bind file, if there is one."""
+        try:
+            return self._path("bind", request_id).read_text(encoding="utf-8") or None
+        except FileNotFoundError:
+            return None
+
 
 class FileResultStore(KeyValueResults):
     """Results in Celery's file result store (any key-value backend), one call per key."""

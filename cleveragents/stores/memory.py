@@ -75,6 +75,11 @@ class MemoryGuardStore:
                 self._bound.setdefault(request_id, digest)
             return before
 
+    def binding(self, request_id: str) -> str | None:
+        """The digest the id is bound to, if any."""
+        with self._lock:
+            return self._bound.get(request_id)
+
 
 class MemoryResultStore(KeyValueResults):
     """Results as JSON text in a dictionary, in Celery's meta format like the others."""

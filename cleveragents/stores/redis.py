@@ -121,6 +121,11 @@ class RedisGuardStore:
         # the same request, as it is.
         return [None if raw is None else _text(raw) for raw in retrying(bind_all)]
 
+    def binding(self, request_id: str) -> str | None:
+        """The digest under the id's bind key, if any."""
+        raw = retrying(lambda: self.client.get(f"{BIND_KEY_PREFIX}{request_id}"))
+        return None if raw is None else _text(raw)
+
 
 class RedisResultStore(KeyValueResults):
     """Results in the Redis result backend: one ``MGET`` to read, one pipeline to write."""
