@@ -30,7 +30,8 @@ from cleveragents.constants import (
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
-from cleveragents.embedded.folders import create_folders
+from cleveragents.embedded.folders import EmbeddedFolders, create_folders
+from cleveragents.embedded.inflight import live_consumers
 from cleveragents.queued import is_waiting
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
@@ -40,7 +41,7 @@ from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
 from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
 
-__all__ = ["InvocationHandle", "SkillClient"]
+__all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
 
 #: Poll interval for result stores without push notifications (the embedded file store).
 POLL_INTERVAL_S = 0.02
@@ -54,6 +55,12 @@ RECHECK_S = 2.0
 LOCATE_RECHECK_S = 0.5
 #: What ``locate`` says of an id nothing was sent under.
 UNKNOWN = "UNKNOWN"
+#: On the embedded default, how long a wait gives a worker to show up before it says none runs.
+NO_WORKER_GRACE_S = 3.0
+
+
+class NoWorkerRunning(TimeoutError):
+    """No worker consumes the embedded default's queue, so nothing will answer."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +356,35 @@ class SkillClient:
             )
         return f"no result for {request_id} within {timeout:g}s: {check}"
 
+    def _served_or_stored(self, request_id: str, deadline: float | None) -> SkillResult | None:
+        """On the embedded default: the result if stored, None once a worker consumes.
+
+        Nothing serves an embedded queue unless something started a worker: rather
+        than wait out the whole time-out, say so after a short grace (a worker that
+        is starting begins to consume within it).
+
+        Raises:
+            NoWorkerRunning: no worker consumes the embedded queue, and no result is stored.
+        """
+        queue = EmbeddedFolders.under(self.settings.home).queue
+        grace_ends = time.monotonic() + NO_WORKER_GRACE_S
+        while True:
+            if live_consumers(queue):
+                return None
+            found = self.get(request_id)
+            if found is not None:
+                return found
+            now = time.monotonic()
+            if now >= grace_ends or (deadline is not None and now >= deadline):
+                raise NoWorkerRunning(
+                    f"no result for {request_id}, and no worker serves the embedded queue "
+                    f"under {self.settings.home}: run `cleveragents worker` in another "
+                    "terminal (same folder, or the same CLEVERAGENTS_HOME), or wrap the "
+                    "client's work in `with LocalWorker(client.settings):` "
+                    "(cleveragents.embedded.runner); the request waits on disk until then"
+                )
+            time.sleep(0.1)
+
     def wait(
         self, request_id: str, timeout: float | None = None, *, pending: Any = None
     ) -> SkillResult:
@@ -356,8 +392,14 @@ class SkillClient:
 
         Raises:
             TimeoutError: no result within ``timeout`` seconds.
+            NoWorkerRunning: (a TimeoutError) on the embedded default, no worker consumes
+                its queue: said within a few seconds instead of at the time-out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.settings.embedded:
+            early = self._served_or_stored(request_id, deadline)
+            if early is not None:
+                return early
         handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
         interval = POLL_INTERVAL_S
         while True:

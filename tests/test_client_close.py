@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from cleveragents.client import SkillClient
+from cleveragents.client import NoWorkerRunning, SkillClient
+from cleveragents.embedded.runner import LocalWorker
 from cleveragents.settings import Settings
 
 
@@ -54,3 +56,32 @@ def test_a_time_out_on_the_embedded_default_names_the_id_and_how_to_start_a_work
     assert handle.request_id in str(raised.value)
     assert "cleveragents worker" in str(raised.value)
     assert "LocalWorker" in str(raised.value)
+
+
+def test_a_wait_on_the_embedded_default_with_no_worker_says_so_within_seconds(
+    tmp_path: Path,
+) -> None:
+    # Given a client on the embedded default, and no worker running
+    settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
+    with SkillClient(settings=settings) as client:
+        handle = client.submit("local/text-tools", "local/word-count", {"text": "a"})
+        started = time.monotonic()
+        # When it waits with a long time-out
+        with pytest.raises(NoWorkerRunning) as raised:
+            handle.result(timeout=60)
+    # Then it is told at once that nothing serves the queue, and how to start a worker
+    assert time.monotonic() - started < 15
+    assert "no worker serves the embedded queue" in str(raised.value)
+    assert "cleveragents worker" in str(raised.value)
+    assert isinstance(raised.value, TimeoutError)
+
+
+def test_a_wait_on_the_embedded_default_with_a_local_worker_gets_its_result(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
+    with SkillClient(settings=settings) as client, LocalWorker(settings):
+        result = client.submit("local/text-tools", "local/word-count", {"text": "a b"}).result(
+            timeout=60
+        )
+    assert result.output_data == {"words": 2}

@@ -23,7 +23,7 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["HeldMessages", "held_by", "inflight_folder", "restore_orphans"]
+__all__ = ["HeldMessages", "held_by", "inflight_folder", "live_consumers", "restore_orphans"]
 
 _LOCK = ".lock"
 
@@ -64,6 +64,15 @@ def restore_orphans(queue_folder: str | os.PathLike[str]) -> int:
         with contextlib.suppress(FileNotFoundError):
             lock_path.unlink()
     return restored
+
+
+def live_consumers(queue_folder: str | os.PathLike[str]) -> int:
+    """How many live consumers (worker processes fetching from the folder) there are now."""
+    try:
+        locks = [e for e in os.scandir(inflight_folder(queue_folder)) if e.name.endswith(_LOCK)]
+    except FileNotFoundError:
+        return 0
+    return sum(1 for lock in locks if _owner_is_alive(Path(lock.path)))
 
 
 def held_by(queue_folder: str | os.PathLike[str], pid: int) -> int:
