@@ -43,9 +43,30 @@ _TYPE_FIXES = {
 }
 
 
+def _catalogue_fix(details: dict[str, Any]) -> str | None:
+    """A skill not found because the worker's catalogue is missing or broken."""
+    missing = details.get("missing_catalogue_paths")
+    if isinstance(missing, list) and missing:
+        paths = ", ".join(str(p) for p in missing)
+        return (
+            f"the worker's catalogue path {paths} does not exist: point CLEVERAGENTS_CATALOGUE "
+            "at your skill files or folders (`cleveragents skills check` validates them)"
+        )
+    if details.get("catalogue_load_problems"):
+        return (
+            "some of the worker's skill files do not load: `cleveragents skills check` "
+            "(with the worker's CLEVERAGENTS_CATALOGUE) lists each problem with its file and line"
+        )
+    return None
+
+
 def fix_for(error: SkillError) -> str | None:
     """The one-line fix for ``error``, where there is one a user can apply."""
     details: dict[str, Any] = error.details or {}
+    if error.error_type == "skill_not_found":
+        fix = _catalogue_fix(details)
+        if fix:
+            return fix
     gate = details.get("gate")
     if isinstance(gate, str) and gate in _GATE_FIXES:
         return _GATE_FIXES[gate]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cleveragents.constants import QUEUE_BATCH, QUEUE_READ
 from cleveragents.settings import Settings
@@ -31,6 +32,7 @@ from tests.composefile import (
     BIN,
     COMPOSE_FILE,
     DEFAULT_SERVICES,
+    DOCKERFILE,
     ENV_EXAMPLE,
     PLACEHOLDER,
     REDIS_ADMIN,
@@ -433,3 +435,91 @@ def test_workers_have_memory_and_process_limits_with_env_examples_defaults() -> 
         # The tmpfs scratch space counts against the memory limit: it must leave room.
         scratch = sum(_bytes(options["size"]) for options in _tmpfs(spec).values())
         assert scratch <= _bytes(str(spec["mem_limit"])) // 2, name
+
+
+# ---- your own skills: a mounted folder, or an image of your own (docs/deployment.md) ----------
+
+DEPLOYMENT_DOC = COMPOSE_FILE.parent / "docs" / "deployment.md"
+#: Where both ways put the skill folders: the folder a worker serves when it exists.
+SKILLS_IN_IMAGE = "/app/skills"
+
+
+def _own_skills_blocks(lang: str) -> dict[str, str]:
+    """The ``lang`` blocks of "Your own skills", by their first line (a comment naming them)."""
+    section = DEPLOYMENT_DOC.read_text(encoding="utf-8").split("\n## Your own skills\n")[1]
+    section = section.split("\n## ")[0]
+    blocks = re.findall(rf"^```{lang}\n(.*?)^```$", section, flags=re.M | re.S)
+    return {block.splitlines()[0]: block for block in blocks}
+
+
+def _override(way: str) -> dict[str, Any]:
+    [block] = [b for first, b in _own_skills_blocks("yaml").items() if way in first]
+    loaded = yaml.safe_load(block)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_the_documented_skills_overrides_are_valid_compose_files(tmp_path: Path) -> None:
+    blocks = _own_skills_blocks("yaml")
+    assert len(blocks) == 2, list(blocks)
+    for first, block in blocks.items():
+        assert first.startswith("# docker-compose.override.yml: "), first
+        path = tmp_path / "docker-compose.override.yml"
+        path.write_text(block, encoding="utf-8")
+        done = subprocess.run(
+            [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, first + "\n" + done.stdout + done.stderr
+
+
+def test_a_mounted_skills_folder_is_the_folder_the_workers_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = _override("mounted")["services"]
+    assert set(services) == set(WORKERS)
+    for name in WORKERS:
+        assert services[name]["volumes"] == [f"./skills:{SKILLS_IN_IMAGE}:ro"], name
+        # No CLEVERAGENTS_CATALOGUE: the worker serves ./skills of its working directory.
+        assert "CLEVERAGENTS_CATALOGUE" not in _container_env(_services()[name]), name
+    workdir = [
+        line.split()[1]
+        for line in DOCKERFILE.read_text().splitlines()
+        if line.startswith("WORKDIR ")
+    ][-1]
+    assert f"{workdir}/skills" == SKILLS_IN_IMAGE
+    (tmp_path / "skills").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert Settings.from_env({}).catalogue_paths == (str(tmp_path / "skills"),)
+
+
+def test_an_image_of_your_own_is_built_from_this_projects_image_and_after_it() -> None:
+    [dockerfile] = [b for first, b in _own_skills_blocks("dockerfile").items()]
+    name = dockerfile.splitlines()[0].removeprefix("# ").split(":")[0]
+    instructions = [
+        line.split(maxsplit=1)
+        for line in dockerfile.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert [keyword for keyword, _ in instructions] == ["FROM", "COPY"]
+    base = instructions[0][1]
+    assert instructions[1][1].split() == ["skills/", f"{SKILLS_IN_IMAGE}/"]
+    services = _override("image plus")["services"]
+    assert set(services) == set(WORKERS)
+    projects = _services()
+    for worker in WORKERS:
+        build = services[worker]["build"]
+        assert build["dockerfile"] == name
+        # Its FROM is a service's image, which Compose then builds first: this project's,
+        # of a service that always runs, tagged as the FROM line says.
+        [(context, source)] = build["additional_contexts"].items()
+        assert context == base
+        service = source.removeprefix("service:")
+        assert service in DEFAULT_SERVICES - set(WORKERS)
+        assert projects[service]["build"] == "."
+        assert _raw_compose()["services"][service]["image"].endswith(f":-{base}}}")
+        # A tag of its own: the workers' build must not overwrite the other services' image.
+        assert services[worker]["image"] != base

@@ -124,3 +124,12 @@ def test_dockerignore_keeps_secrets_and_local_state_out_and_the_sources_in() -> 
         ]
     assert "examples/skills/text-tools.yaml" in needed
     assert [path for path in needed if ignored(path)] == []
+
+
+def test_dockerignore_sends_skills_for_an_image_of_your_own() -> None:
+    # docs/deployment.md, "Your own skills": `COPY skills/ /app/skills/` in a two-line
+    # image built from this folder; this project's own image installs wheels only.
+    ignored = _dockerignore_matcher()
+    for path in ("skills/mathy/mathy.yaml", "skills/mathy/mathy_tools.py", "skills/a/run.sh"):
+        assert not ignored(path), f"{path} would be left out of an image of your own"
+    assert ignored("skills/mathy/__pycache__/mathy_tools.cpython-311.pyc")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from cleveragents.cli.render import CliFailure, console, err_console, print_json
 from cleveragents.error_types import SkillErrorType
@@ -20,15 +22,50 @@ from cleveragents.skills.mcp import export_catalogue
 __all__ = ["skills"]
 
 
-def _load(paths: tuple[str, ...]) -> Catalogue:
+def _load(
+    paths: tuple[str, ...], *, checking: bool = False, strict: bool = False
+) -> Catalogue:
+    """The catalogue of ``paths``, else of CLEVERAGENTS_CATALOGUE.
+
+    Exit 2 when no path exists (nothing could be listed: a wrong path, not an empty
+    catalogue), or with ``strict`` (check, export) when any is missing. Otherwise a
+    missing path is one of the catalogue's problems: a warning, and what loaded.
+    """
     # Plugin kinds first: the catalogue's files may use them (a bad module: exit 2).
     load_tool_kinds(tool_kind_modules())
-    return Catalogue.from_paths(*(paths or Settings.from_env().catalogue_paths))
+    chosen = paths or Settings.from_env().catalogue_paths
+    missing = [p for p in chosen if not Path(p).exists()]
+    if missing and (strict or len(missing) == len(chosen)):
+        raise CliFailure(_missing_message(missing, given=bool(paths), checking=checking))
+    return Catalogue.from_paths(*chosen)
+
+
+def _missing_message(missing: list[str], *, given: bool, checking: bool) -> str:
+    """One line: which catalogue path does not exist, where it came from, how to fix it."""
+    shown = ", ".join(
+        p if Path(p).is_absolute() else f"{p} (that is {Path(p).absolute()})" for p in missing
+    )
+    if not given:
+        return (
+            f"catalogue path does not exist: {shown}, from CLEVERAGENTS_CATALOGUE; set "
+            f"CLEVERAGENTS_CATALOGUE to your skill files or folders ({os.pathsep!r}-separated), "
+            "or pass --catalogue PATH"
+        )
+    if checking:
+        return (
+            f"catalogue path does not exist: {shown}; give `skills check` your skill files "
+            "or folders, or none to check CLEVERAGENTS_CATALOGUE"
+        )
+    return (
+        f"catalogue path does not exist: {shown}, given with --catalogue; point --catalogue "
+        "at your skill files or folders, or leave it out to use CLEVERAGENTS_CATALOGUE"
+    )
 
 
 def _warn_problems(catalogue: Catalogue) -> None:
+    """Each problem once, on one line (never wrapped): ``warning: file:line: reason``."""
     for problem in catalogue.errors:
-        err_console.print(f"[yellow]warning:[/] {problem}", markup=True, highlight=False)
+        err_console.print(Text.assemble(("warning:", "yellow"), f" {problem}"), soft_wrap=True)
 
 
 catalogue_option = click.option(
@@ -127,6 +164,7 @@ def _schema_problems(catalogue: Catalogue) -> list[CatalogueProblem]:
     problems: list[CatalogueProblem] = []
     for name in catalogue.names:
         skill = catalogue.resolve(name).skill
+        file, line = catalogue.location(name)
         owned: list[tuple[str, dict[str, Any] | None]] = [
             ("input_schema", skill.input_schema),
             ("output_schema", skill.output_schema),
@@ -142,6 +180,8 @@ def _schema_problems(catalogue: Catalogue) -> list[CatalogueProblem]:
                         name,
                         f"{what} is not a valid JSON Schema: {reason}",
                         SkillErrorType.VALIDATION_ERROR,
+                        file,
+                        line,
                     )
                 )
     return problems
@@ -152,10 +192,7 @@ def _schema_problems(catalogue: Catalogue) -> list[CatalogueProblem]:
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as one JSON object.")
 def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
     """Validate a catalogue; list every problem and exit 1 when there is any."""
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise CliFailure(f"no such file or folder: {', '.join(missing)}", exit_code=2)
-    catalogue = _load(paths)
+    catalogue = _load(paths, checking=True, strict=True)
     problems = [*catalogue.errors, *_schema_problems(catalogue)]
     if as_json:
         print_json(
@@ -167,6 +204,8 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
                         "where": p.where,
                         "reason": p.reason,
                         "error_type": str(p.error_type) if p.error_type else None,
+                        "file": p.file,
+                        "line": p.line,
                     }
                     for p in problems
                 ],
@@ -174,7 +213,7 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
         )
     else:
         for problem in problems:
-            click.echo(f"{problem.where}: {problem.reason}")
+            click.echo(str(problem))
     verdict = f"{_resolved(len(catalogue))}; {_count(len(problems), 'problem')}"
     if problems:
         # A ClickException, not click's Exit: with standalone_mode=False click turns
@@ -210,10 +249,7 @@ def export_skills(fmt: str, paths: tuple[str, ...], names: tuple[str, ...]) -> N
             f"unknown export format {fmt!r}; choose from: {', '.join(EXPORT_FORMATS)}",
             exit_code=2,
         )
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise CliFailure(f"no such file or folder: {', '.join(missing)}", exit_code=2)
-    catalogue = _load(paths)
+    catalogue = _load(paths, strict=True)
     _warn_problems(catalogue)
     unique_names = list(dict.fromkeys(names))
     for name in unique_names:

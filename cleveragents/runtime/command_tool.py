@@ -11,6 +11,13 @@ wrong into the library's errors: a program that cannot start
 (``ToolOutputTooLarge``), a non-zero exit or stdout that is not JSON
 (``ToolExecutionError``). Failure details keep short excerpts of stdout and
 stderr, with every string of the arguments blanked out.
+
+A tool read from a skill file runs with its skill folder at hand, so that the
+folder can be copied anywhere (``resolve_command``): relative paths of the
+command that name something in the folder are made absolute there, the folder
+comes first on ``PYTHONPATH`` (``python3 -m module`` finds the folder's modules),
+and ``CLEVERAGENTS_SKILL_DIR`` names it. The program still runs in the worker's
+current folder, as documented.
 """
 
 from __future__ import annotations
@@ -37,12 +44,48 @@ from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.skills import ToolSpec
 
-__all__ = ["BASE_ENV", "KIND", "CommandKind", "run_command_tool"]
+__all__ = [
+    "BASE_ENV",
+    "KIND",
+    "SKILL_DIR_ENV",
+    "CommandKind",
+    "resolve_command",
+    "run_command_tool",
+]
 
 #: Variables every command tool gets from the worker: enough to find programs and run Python.
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
+#: The variable that names a command tool's skill folder (set when it has one).
+SKILL_DIR_ENV = "CLEVERAGENTS_SKILL_DIR"
 #: Argument strings shorter than this are not blanked out of excerpts (they are words).
 _SHORTEST_REDACTED = 4
+
+
+def _in_folder(word: str, folder: Path, *, program: bool) -> str:
+    """``word`` made absolute in ``folder`` when it is a relative path of something there."""
+    if not word or word.startswith(("-", "/")) or (program and "/" not in word):
+        return word  # an option, an absolute path, or a program that PATH finds
+    candidate = folder / word
+    if candidate.is_file() or ("/" in word and candidate.exists()):
+        return str(candidate) + ("/" if word.endswith("/") else "")
+    return word
+
+
+def resolve_command(argv: list[str], folder: Path | None) -> list[str]:
+    """The argv to run: relative paths that name something in the skill folder, made absolute.
+
+    The program (``argv[0]``) when it is written with a ``/`` (``./reverse.sh``,
+    ``bin/tool``) and names something in ``folder``; each argument that does not
+    start with ``-`` and names a file of ``folder`` (``scripts/x.py``,
+    ``reverse.py``), or, written with a ``/``, a folder of it (``data/``). Every
+    other word is left as written: a bare program is looked up on ``PATH``, a
+    bare word that is not a file there (``-m module``) stays a word, and a
+    relative path the folder does not have resolves against the current folder,
+    as before. Without a skill folder (a tool built in code) nothing changes.
+    """
+    if folder is None:
+        return list(argv)
+    return [_in_folder(word, folder, program=i == 0) for i, word in enumerate(argv)]
 
 
 def _environment(
@@ -55,6 +98,9 @@ def _environment(
         path = os.pathsep.join([os.path.dirname(sys.executable), path])
     env["PATH"] = path
     env.setdefault("PYTHONPATH", os.getcwd())
+    if tool.skill_folder is not None:  # the skill's own modules first, then as before
+        env["PYTHONPATH"] = os.pathsep.join([str(tool.skill_folder), env["PYTHONPATH"]])
+        env[SKILL_DIR_ENV] = str(tool.skill_folder)
     if user is not None:  # the worker's home and temporary folder are not the tool user's
         env["HOME"] = env["TMPDIR"] = scratch
     return env
@@ -113,12 +159,14 @@ def _read_changes(path: Path, user: ToolUser | None, budget: int, tool: str) -> 
     return changes
 
 
-def _check(tool: ToolSpec, finished: Finished, arguments: dict[str, Any], timeout_s: float) -> Any:
+def _check(
+    tool: ToolSpec, argv: list[str], finished: Finished, arguments: dict[str, Any], timeout_s: float
+) -> Any:
     """The one JSON value the tool printed, once it exited 0; else the error it is."""
     tail = _excerpt(finished.stderr_tail, arguments, head=False)
     if finished.exec_error is not None:
         raise ToolActivationError(
-            f"tool activation failed for {tool.name!r}: cannot start {tool.command[0]!r}: "  # type: ignore[index]
+            f"tool activation failed for {tool.name!r}: cannot start {argv[0]!r}: "
             f"{finished.exec_error}",
             details={"command": list(tool.command or [])},
         )
@@ -178,7 +226,7 @@ def run_command_tool(
         ToolExecutionError: non-zero exit, or stdout that is not one JSON value;
             details carry ``exit_code`` and ``stderr_tail``.
     """
-    argv = list(tool.command or [])
+    argv = resolve_command(list(tool.command or []), tool.skill_folder)
     payload = json.dumps(arguments).encode()
     limit = max_output_bytes()
     with _scratch(user) as scratch:
@@ -190,7 +238,7 @@ def run_command_tool(
                 f"tool activation failed for {tool.name!r}: cannot start its shepherd: {exc}",
                 details={"command": argv},
             ) from None
-        data = _check(tool, finished, arguments, timeout_s)
+        data = _check(tool, argv, finished, arguments, timeout_s)
         budget = limit - len(finished.stdout)
         changes = _read_changes(Path(env["CLEVERAGENTS_RESOURCE_CHANGES"]), user, budget, tool.name)
         return ToolOutput(data, changes)

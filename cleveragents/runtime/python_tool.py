@@ -1,5 +1,10 @@
 """The ``python`` tool kind: ``module:function`` from the catalogue, imported once per process.
 
+The module is looked for in the tool's skill folder first, under a package of
+that folder's own, then as usual (installed, ``PYTHONPATH``): see
+``skill_imports``. A function is kept per skill folder and entrypoint, so two
+folders' ``tools:run`` are two functions.
+
 The tool runs in the worker process, interrupted at its timeout (``deadline``).
 This module turns whatever the tool raises into the library's errors: a
 time-out into ``ToolTimedOut``, ``sys.exit`` and the tool's own exceptions into
@@ -9,10 +14,10 @@ time-out into ``ToolTimedOut``, ``sys.exit`` and the tool's own exceptions into
 
 from __future__ import annotations
 
-import importlib
 import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cleveragents.errors import (
@@ -22,6 +27,7 @@ from cleveragents.errors import (
     ToolTimedOut,
 )
 from cleveragents.runtime.deadline import ToolTimeout, call_with_deadline
+from cleveragents.runtime.skill_imports import import_from_folder
 from cleveragents.skills import ToolSpec
 
 __all__ = ["KIND", "PythonKind", "activate", "run_python_tool"]
@@ -29,7 +35,7 @@ __all__ = ["KIND", "PythonKind", "activate", "run_python_tool"]
 _ENTRYPOINT_RE = re.compile(
     r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$"
 )
-_functions: dict[str, Callable[..., Any]] = {}
+_functions: dict[tuple[Path | None, str], Callable[..., Any]] = {}
 _lock = threading.Lock()
 
 
@@ -40,12 +46,13 @@ def activate(tool: ToolSpec) -> Callable[..., Any]:
         ToolActivationError: the module is missing or fails to import, or has no such callable.
     """
     entrypoint = tool.entrypoint or ""
-    fn = _functions.get(entrypoint)
+    key = (tool.skill_folder, entrypoint)
+    fn = _functions.get(key)
     if fn is not None:
         return fn
     module_name, _, attr_path = entrypoint.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = import_from_folder(module_name, tool.skill_folder)
     except Exception as exc:  # ImportError, or anything the module raises while importing
         raise ToolActivationError(
             f"tool activation failed for {tool.name!r}: cannot import {module_name!r}: "
@@ -62,7 +69,7 @@ def activate(tool: ToolSpec) -> Callable[..., Any]:
             details={"entrypoint": entrypoint},
         )
     with _lock:
-        _functions[entrypoint] = target
+        _functions[key] = target
     return target  # type: ignore[no-any-return]
 
 

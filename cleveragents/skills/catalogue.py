@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,14 +18,28 @@ __all__ = ["Catalogue", "CatalogueProblem"]
 
 @dataclass(frozen=True)
 class CatalogueProblem:
-    """One thing wrong with a catalogue: a bad file, a duplicate, an unresolvable skill."""
+    """One thing wrong with a catalogue: a bad file, a duplicate, an unresolvable skill.
+
+    ``where`` is the file (``file[i]`` for an entry of a ``skills:`` list), the
+    path that does not exist, or the skill's name; ``file`` and ``line`` say
+    where to look, when known. Printed as ``file:line: reason``.
+    """
 
     where: str
     reason: str
     error_type: SkillErrorType | None = None
+    file: str | None = None
+    line: int | None = None
+    #: The skill a bad entry names, where it could be read (``resolve`` reports it).
+    skill: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.reason}"
+        if self.file is None or self.line is None:
+            return f"{self.where}: {self.reason}"
+        at = f"{self.file}:{self.line}"
+        if self.where == self.file or self.where.startswith(f"{self.file}["):
+            return f"{at}: {self.reason}"
+        return f"{at}: {self.where}: {self.reason}"  # a skill's name
 
 
 class Catalogue:
@@ -41,17 +55,36 @@ class Catalogue:
         skills: Iterable[tuple[Skill, str]] = (),
         *,
         problems: Iterable[CatalogueProblem] = (),
+        missing_paths: Iterable[str] = (),
+        locations: Mapping[str, tuple[str, int | None]] | None = None,
     ) -> None:
+        """Resolve ``skills`` (each with where it was read).
+
+        Args:
+            problems: what went wrong loading them (kept in ``errors``, first).
+            missing_paths: catalogue paths that do not exist (already in ``problems``);
+                ``resolve`` names them when a skill is not found.
+            locations: file and line of each ``where``, for the problems found here.
+        """
         self.errors: list[CatalogueProblem] = list(problems)
+        missing = list(missing_paths)
+        #: Files and entries that did not load: they may hold a skill asked for.
+        self._unloaded = [p for p in self.errors if p.where not in missing]
+        self._missing_paths = [str(Path(p).absolute()) for p in missing]
         self._skills: dict[str, Skill] = {}
         self._origin: dict[str, str] = {}
+        located = dict(locations or {})
         for skill, where in skills:
             if skill.name in self._skills:
+                first = self._origin[skill.name]
+                file, line = located.get(first, (first, None))
                 self.errors.append(
                     CatalogueProblem(
                         where,
                         f"duplicate skill {skill.name!r}: already defined in "
-                        f"{self._origin[skill.name]} (the first one wins)",
+                        f"{f'{file}:{line}' if line else first} (the first one wins)",
+                        SkillErrorType.RESOLUTION_FAILURE,
+                        *located.get(where, (None, None)),
                     )
                 )
                 continue
@@ -60,12 +93,17 @@ class Catalogue:
         self._definitions: dict[str, SkillDefinition] = {}
         self._failures: dict[str, SkillResolutionError] = {}
         self._tools: dict[str, dict[str, ResolvedToolEntry]] = {}
+        self._located: dict[str, tuple[str, int | None]] = {
+            name: located[where] for name, where in self._origin.items() if where in located
+        }
         for name in sorted(self._skills):
             try:
                 definition = resolve_skill(name, self._skills)
             except SkillResolutionError as exc:
                 self._failures[name] = exc
-                self.errors.append(CatalogueProblem(name, str(exc), exc.error_type))
+                self.errors.append(
+                    CatalogueProblem(name, str(exc), exc.error_type, *self.location(name))
+                )
                 continue
             self._definitions[name] = definition
             self._tools[name] = {e.tool.name: e for e in definition.resolved_tools}
@@ -75,14 +113,34 @@ class Catalogue:
         """Load every ``*.yaml``, ``*.yml`` and ``*.json`` skill file under ``paths``."""
         skills: list[tuple[Skill, str]] = []
         problems: list[CatalogueProblem] = []
+        missing: list[str] = []
+        locations: dict[str, tuple[str, int | None]] = {}
         for path, unusable in iter_skill_files(paths):
             if unusable is not None:
-                problems.append(CatalogueProblem(str(path), unusable))
+                # Nothing can be found there: as for a missing include, nothing resolves.
+                problems.append(
+                    CatalogueProblem(
+                        str(path), unusable, SkillErrorType.RESOLUTION_FAILURE, str(path)
+                    )
+                )
+                missing.append(str(path))
                 continue
             loaded, bad = load_file(path)
-            skills.extend((item.skill, item.path) for item in loaded)
-            problems.extend(CatalogueProblem(p.path, p.reason) for p in bad)
-        return cls(skills, problems=problems)
+            for item in loaded:
+                skills.append((item.skill, item.path))
+                locations[item.path] = (item.file or str(path), item.line)
+            problems.extend(
+                CatalogueProblem(
+                    p.path,
+                    p.reason,
+                    SkillErrorType.VALIDATION_ERROR,
+                    p.file or str(path),
+                    p.line,
+                    p.skill,
+                )
+                for p in bad
+            )
+        return cls(skills, problems=problems, missing_paths=missing, locations=locations)
 
     @classmethod
     def from_skills(cls, skills: Iterable[Skill]) -> Catalogue:
@@ -113,7 +171,28 @@ class Catalogue:
         failure = self._failures.get(name)
         if failure is not None:
             raise failure
-        raise SkillNotFoundError(f"skill not found: {name}", details={"skill": name})
+        raise self._not_found(name)
+
+    def _not_found(self, name: str) -> SkillNotFoundError:
+        """``skill not found``, and what in the catalogue may be why."""
+        message = f"skill not found: {name}"
+        details: dict[str, object] = {"skill": name}
+        own = [p for p in self._unloaded if p.skill == name]
+        if own:
+            more = f" (and {len(own) - 1} more)" if len(own) > 1 else ""
+            message += f"; its entry does not load: {own[0]}{more}"
+        if self._missing_paths:
+            paths = ", ".join(self._missing_paths)
+            verb = "does" if len(self._missing_paths) == 1 else "do"
+            message += f"; the catalogue path {paths} {verb} not exist"
+            details["missing_catalogue_paths"] = list(self._missing_paths)
+        unloaded = self._unloaded
+        if unloaded:
+            details["catalogue_load_problems"] = len(unloaded)
+            if not own:
+                count = "1 file problem" if len(unloaded) == 1 else f"{len(unloaded)} file problems"
+                message += f"; {count} in the catalogue may hide it, first: {unloaded[0]}"
+        return SkillNotFoundError(message, details=details)
 
     def find_tool(self, skill: str, tool: str) -> tuple[SkillDefinition, ResolvedToolEntry]:
         """The resolved skill and one of its tools.
@@ -137,3 +216,7 @@ class Catalogue:
     def origin(self, name: str) -> str | None:
         """The file (or label) a skill was read from."""
         return self._origin.get(name)
+
+    def location(self, name: str) -> tuple[str | None, int | None]:
+        """The file a skill was read from and the line its entry starts on, when known."""
+        return self._located.get(name, (None, None))

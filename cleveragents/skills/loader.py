@@ -1,4 +1,8 @@
-"""Read skill files (YAML or JSON) into ``Skill`` models, reporting every bad one."""
+"""Read skill files (YAML or JSON) into ``Skill`` models, reporting every bad one.
+
+Every problem carries the line it is on (``diagnostics``): a file is parsed once
+into its data and its YAML node tree, whose nodes know their lines.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cleveragents.skills.model import Skill
+from cleveragents.skills.diagnostics import entry_problems, line_of, syntax_problem
+from cleveragents.skills.model import SKILL_FOLDER_CONTEXT, Skill
 
 __all__ = ["SKILL_FILE_SUFFIXES", "LoadProblem", "LoadedSkill", "iter_skill_files", "load_file"]
 
@@ -24,6 +29,9 @@ class LoadedSkill:
 
     skill: Skill
     path: str
+    #: The file, and the line the skill's entry starts on (None: not known).
+    file: str | None = None
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,12 @@ class LoadProblem:
 
     path: str
     reason: str
+    #: The line the problem is on (1-based; None: the whole file, or not known).
+    line: int | None = None
+    #: The name the bad entry gives its skill, where it could be read.
+    skill: str | None = None
+    #: The file (``path`` is ``file[i]`` for an entry of a ``skills:`` list).
+    file: str | None = None
 
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
@@ -68,42 +82,80 @@ def iter_skill_files(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | 
             yield path, "no such file or folder"
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{where}: {err['msg']}" if where else err["msg"])
-    return "; ".join(parts)
+def _parse(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
+    """The file's data and its node tree (for lines; JSON's too, as YAML reads JSON)."""
+    if path.suffix == ".json":
+        data = json.loads(text)
+        try:
+            return data, yaml.compose(text, _BaseLoader)
+        except yaml.YAMLError:  # valid JSON that YAML reads differently: no lines
+            return data, None
+    loader = _SkillYamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        return (loader.construct_document(node) if node is not None else None), node
+    finally:
+        loader.dispose()
+
+
+def _item_nodes(node: yaml.Node | None, count: int) -> list[yaml.Node | None]:
+    """The nodes of the entries of a ``skills:`` list (None each when unknown)."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if (
+                key.value == "skills"
+                and isinstance(value, yaml.SequenceNode)
+                and len(value.value) == count
+            ):
+                return list(value.value)
+    return [None] * count
 
 
 def load_file(path: Path) -> tuple[list[LoadedSkill], list[LoadProblem]]:
     """Read one file: one skill, or a list of skills under a top-level ``skills:`` key."""
     where = str(path)
+    text = ""
     try:
         text = path.read_text(encoding="utf-8")
-        data: Any = (
-            json.loads(text) if path.suffix == ".json" else yaml.load(text, _SkillYamlLoader)
-        )
+        data, root = _parse(text, path)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        reason = str(exc).replace("\n", " ")
-        return [], [LoadProblem(where, f"cannot parse: {reason}")]
+        line, reason = syntax_problem(exc, text)
+        return [], [LoadProblem(where, reason, line, file=where)]
+    labelled: list[tuple[str, Any, yaml.Node | None]]
     if isinstance(data, dict) and set(data) == {"skills"}:
         items = data["skills"]
         if not isinstance(items, list):
-            return [], [LoadProblem(where, "'skills' must be a list of skills")]
-        labelled = [(f"{where}[{i}]", item) for i, item in enumerate(items)]
+            line = line_of(root, ("skills",))
+            return [], [LoadProblem(where, "'skills' must be a list of skills", line, file=where)]
+        nodes = _item_nodes(root, len(items))
+        labelled = [(f"{where}[{i}]", item, nodes[i]) for i, item in enumerate(items)]
     elif isinstance(data, dict):
-        labelled = [(where, data)]
+        labelled = [(where, data, root)]
+    elif data is None:
+        return [], [LoadProblem(where, _EMPTY, file=where)]
     else:
-        return [], [LoadProblem(where, "a skill file holds a mapping (one skill or 'skills:')")]
+        return [], [LoadProblem(where, _NOT_A_MAPPING, line_of(root, ()), file=where)]
     skills: list[LoadedSkill] = []
     problems: list[LoadProblem] = []
-    for label, item in labelled:
+    folder = path.parent.resolve()
+    for label, item, node in labelled:
         if not isinstance(item, dict):
-            problems.append(LoadProblem(label, "a skill must be a mapping"))
+            problems.append(
+                LoadProblem(label, "a skill must be a mapping", line_of(node, ()), file=where)
+            )
             continue
         try:
-            skills.append(LoadedSkill(Skill.model_validate(item), label))
+            # Its tools resolve modules and relative command paths against the file's folder.
+            skill = Skill.model_validate(item, context={SKILL_FOLDER_CONTEXT: folder})
+            skills.append(LoadedSkill(skill, label, where, line_of(node, ())))
         except ValidationError as exc:
-            problems.append(LoadProblem(label, _describe(exc)))
+            name = item.get("name")
+            problems.extend(
+                LoadProblem(label, reason, line, name if isinstance(name, str) else None, where)
+                for line, reason in entry_problems(exc, item, node)
+            )
     return skills, problems
+
+
+_EMPTY = "the file is empty; a skill file holds one skill, or a list of skills under 'skills:'"
+_NOT_A_MAPPING = "a skill file holds a mapping (one skill or 'skills:')"

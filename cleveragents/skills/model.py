@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cleveragents.skills import kinds
 
 __all__ = [
     "NAME_PATTERN",
+    "SKILL_FOLDER_CONTEXT",
     "ResolvedToolEntry",
     "Skill",
     "SkillCapabilitySummary",
@@ -23,6 +33,8 @@ _NAME_RE = re.compile(NAME_PATTERN)
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: The validation-context key that tells a skill file's tools their folder (the loader sets it).
+SKILL_FOLDER_CONTEXT = "skill_folder"
 
 
 def _check_name(value: str, what: str) -> str:
@@ -38,6 +50,12 @@ class ToolSpec(BaseModel):
     plugin added, ``cleveragents.runtime.register_tool_kind``); the kind checks
     the fields it needs. ``options`` holds a kind's own settings: the keys it
     declares may also be written beside the common ones in a skill file.
+
+    A tool read from a skill file knows that file's folder (``skill_folder``):
+    python entrypoints import from it first and relative paths in ``command``
+    resolve against it (docs/skills.md, "A skill folder is a unit"). It is not a
+    field: it never appears in a dump or on the wire, and a tool built in code has
+    none. Two tools alike in every field but from two folders are two tools.
     """
 
     model_config = _FROZEN
@@ -57,6 +75,7 @@ class ToolSpec(BaseModel):
     pass_env: list[str] = Field(default_factory=list)
     #: Kind-specific settings (an ``mcp`` tool's ``server`` and ``remote_tool``).
     options: dict[str, Any] = Field(default_factory=dict)
+    _skill_folder: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -102,9 +121,17 @@ class ToolSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _kind_fields(self) -> ToolSpec:
+    def _kind_fields(self, info: ValidationInfo) -> ToolSpec:
+        folder = (info.context or {}).get(SKILL_FOLDER_CONTEXT)
+        if folder is not None:
+            self._skill_folder = Path(folder).absolute()
         kinds.check_tool(self)
         return self
+
+    @property
+    def skill_folder(self) -> Path | None:
+        """The folder of the skill file this tool was read from (None: built in code)."""
+        return self._skill_folder
 
     @property
     def write_capable(self) -> bool:
