@@ -8,7 +8,7 @@ or the embedded default).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -22,6 +22,7 @@ from cleveragents.batch.api import run_many as run_batch
 from cleveragents.binding import RequestIdReused, request_digest, reused_result
 from cleveragents.celery_settings import celery_settings
 from cleveragents.constants import (
+    BATCH_HEADER,
     QUEUE_BATCH,
     QUEUE_BATCH_WRITE,
     QUEUE_READ,
@@ -39,7 +40,13 @@ from cleveragents.settings import Settings
 from cleveragents.signing import register_signing
 from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
-from cleveragents.wire import chunk_repr, redacted_repr, request_payload, result_from_stored
+from cleveragents.wire import (
+    ChunkContext,
+    chunk_repr,
+    redacted_repr,
+    request_payload,
+    result_from_stored,
+)
 
 __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
 
@@ -242,21 +249,28 @@ class SkillClient:
             headers={SENT_AT_HEADER: time.time()},
         )
 
-    def send_chunk(self, requests: list[SkillInvocationRequest]) -> str:
+    def send_chunk(
+        self, requests: list[SkillInvocationRequest], context: ChunkContext | None = None
+    ) -> str:
         """Publish many requests as one message on the batch queue (write queue if any writes).
 
-        Returns the message's id.
+        ``context`` (the batch id and the requests' item numbers) travels in a header;
+        Flower shows it beside the chunk and each of its failed invocations. Returns
+        the message's id.
         """
         payloads = [request_payload(r) for r in requests]
         writes = any(r.allow_writes for r in requests)
+        headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
+        if context is not None:
+            headers[BATCH_HEADER] = context.header()
         sent = self.app.send_task(
             TASK_INVOKE_CHUNK,
             args=[payloads],
             queue=QUEUE_BATCH_WRITE if writes else QUEUE_BATCH,
-            argsrepr=chunk_repr(payloads),
+            argsrepr=chunk_repr(payloads, context),
             kwargsrepr="{}",
             ignore_result=True,
-            headers={SENT_AT_HEADER: time.time()},
+            headers=headers,
         )
         return str(sent.id)
 
@@ -292,14 +306,25 @@ class SkillClient:
         *,
         chunk_size: int | None = None,
         reuse: bool = True,
+        batch_id: str | None = None,
     ) -> Iterator[SkillResult]:
         """Run many requests in chunks and yield their results in input order, as they are ready.
 
         Memory stays bounded whatever the number of requests (at most a window of
         them is in flight). A request whose result is already stored is not run again
-        (``reuse=False`` runs every request).
+        (``reuse=False`` runs every request). Flower shows the chunks under
+        ``batch_id`` (default: a new id) with their item numbers, ``of N`` when
+        ``requests`` has a length.
         """
-        runner = run_batch(self, as_items(requests), reuse=reuse, chunk_size=chunk_size)
+        total = len(requests) if isinstance(requests, Sized) else None
+        runner = run_batch(
+            self,
+            as_items(requests),
+            reuse=reuse,
+            chunk_size=chunk_size,
+            batch_id=batch_id,
+            total=total,
+        )
         return results_in_order(runner)
 
     def state(self, request_id: str) -> str:

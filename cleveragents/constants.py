@@ -46,5 +46,7 @@ STDOUT_HEAD_CHARS = 100
 HARD_LIMIT_GRACE_S = 5.0
 #: Message header with the time (epoch seconds) a producer sent an invocation.
 SENT_AT_HEADER = "cleveragents_sent_at"
+#: Message header of a batch chunk: its batch id and item numbers (``wire.ChunkContext``).
+BATCH_HEADER = "cleveragents_batch"
 #: Placeholder shown instead of arguments in Flower and logs.
 REDACTED = "[redacted]"

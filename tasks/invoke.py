@@ -56,5 +56,7 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))
     payload = result_payload(result, task_id)
     if not result.success:
-        raise SkillInvocationFailed(failure_summary(result), payload)
+        # Flower shows the summary: argument strings a tool's message quotes are blanked.
+        arguments = body.get("arguments") if isinstance(body, dict) else None
+        raise SkillInvocationFailed(failure_summary(result, arguments), payload)
     return payload

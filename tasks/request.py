@@ -1,10 +1,14 @@
-"""The worker-side request of ``skills.invoke``: its arguments are redacted in events.
+"""The worker-side request of our tasks: their arguments are redacted in events.
 
 Flower and ``celery events`` show a task's ``argsrepr``. A producer that is not
-our client may send none (Celery then shows the arguments verbatim), so the
-worker recomputes it from the body: skill, tool and flags stay visible, the
-arguments' values never leave the worker, neither in events nor in the answers
-to remote control's ``inspect`` (``info``).
+our client may send none (Celery then shows the arguments verbatim), or any text,
+so the worker recomputes it from the body: skill and tool first, then argument
+names and flags (``redacted_repr``); for a chunk its skills and tools, batch id
+and item numbers (``chunk_repr``). The arguments' values never leave the worker,
+neither in events nor in the answers to remote control's ``inspect`` (``info``).
+
+The request also records, for the pool process, whether the worker sends task
+events (``tasks.events``: a chunk's failed invocations are rows of their own then).
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Any
 
 from celery.worker.request import Request
 
-from cleveragents.constants import REDACTED
-from cleveragents.wire import redacted_repr
+from cleveragents.constants import BATCH_HEADER, REDACTED, TASK_INVOKE_CHUNK
+from cleveragents.wire import ChunkContext, chunk_repr, redacted_repr
+from tasks.events import EVENTS_FIELD, task_events_on
 from worker.admission import NO_LINKS as _NO_LINKS
 
 __all__ = ["RedactingRequest"]
@@ -26,15 +31,18 @@ class RedactingRequest(Request):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         body_args, body_kwargs = self._args, self._kwargs  # type: ignore[attr-defined]
-        if (
-            isinstance(body_args, list | tuple)
-            and len(body_args) == 1
-            and isinstance(body_args[0], dict)
-        ):
-            self._argsrepr = redacted_repr(body_args[0])
+        one = body_args[0] if isinstance(body_args, list | tuple) and len(body_args) == 1 else None
+        if self._type == TASK_INVOKE_CHUNK and isinstance(one, list):  # type: ignore[attr-defined]
+            header = self._request_dict.get(BATCH_HEADER)  # type: ignore[attr-defined]
+            self._argsrepr = chunk_repr(one, ChunkContext.from_header(header, len(one)))
+        elif isinstance(one, dict):
+            self._argsrepr = redacted_repr(one)
         else:
             self._argsrepr = REDACTED if body_args else "()"
         self._kwargsrepr = REDACTED if body_kwargs else "{}"
+        # Read by the pool process (task.request): set here, whatever a producer sent.
+        events = task_events_on(self._eventer) and self.task.send_events  # type: ignore[attr-defined]
+        self._request_dict[EVENTS_FIELD] = bool(events)  # type: ignore[attr-defined]
         # The pool process gets the body the consumer admitted and cleaned (no linked
         # tasks: worker/admission.py), already decoded, instead of the raw bytes it
         # would decode (and verify) again with the producer's callbacks still in them.

@@ -17,6 +17,7 @@ from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore
+from cleveragents.wire import ChunkContext
 
 __all__ = [
     "BatchProducer",
@@ -45,8 +46,10 @@ class BatchProducer(Protocol):
         """Where background batches keep their ordered request ids."""
         ...
 
-    def send_chunk(self, requests: list[SkillInvocationRequest]) -> str | None:
-        """Publish many requests as one chunk message; return its id."""
+    def send_chunk(
+        self, requests: list[SkillInvocationRequest], context: ChunkContext | None = None
+    ) -> str | None:
+        """Publish many requests as one chunk message (``context``: their place); return its id."""
         ...
 
     def bound_elsewhere(self, requests: Sequence[SkillInvocationRequest]) -> list[bool]:
@@ -84,9 +87,20 @@ def run_many(
     reuse: bool = True,
     chunk_size: int | None = None,
     window: int | None = None,
+    batch_id: str | None = None,
+    total: int | None = None,
 ) -> BatchRunner:
-    """A runner that submits ``items`` in chunks and yields their entries in input order."""
-    options: dict[str, Any] = {"reuse": reuse, "chunk_size": chunk_size}
+    """A runner that submits ``items`` in chunks and yields their entries in input order.
+
+    Its chunks carry ``batch_id`` (default: a new one) and their item numbers, ``of
+    total`` where given (else once the items are all read), for Flower to show.
+    """
+    options: dict[str, Any] = {
+        "reuse": reuse,
+        "chunk_size": chunk_size,
+        "batch_id": batch_id,
+        "total": total,
+    }
     if window is not None:
         options["window"] = window
     return BatchRunner(
@@ -102,6 +116,7 @@ class _Submission:
         self.batch_id = batch_id
         self.total = 0
         self.chunks: dict[bool, list[SkillInvocationRequest]] = {False: [], True: []}
+        self.positions: dict[bool, list[int]] = {False: [], True: []}  # item numbers, as chunks
         self.ids: list[str] = []
         self.invalid: list[tuple[str, dict[str, Any]]] = []
         self.waiting: list[BatchItem] = []
@@ -147,6 +162,7 @@ class _Submission:
         self.ids.append(item.request_id)
         writes = item.request.allow_writes
         self.chunks[writes].append(item.request)
+        self.positions[writes].append(self.total)
         if len(self.chunks[writes]) >= SUBMIT_CHUNK:
             self._record_ids()
             self._send(writes)
@@ -165,8 +181,9 @@ class _Submission:
 
     def _send(self, writes: bool) -> None:
         if self.chunks[writes]:
-            self.client.send_chunk(self.chunks[writes])
-            self.chunks[writes] = []
+            context = ChunkContext(self.batch_id, tuple(self.positions[writes]))
+            self.client.send_chunk(self.chunks[writes], context)
+            self.chunks[writes], self.positions[writes] = [], []
 
     def _store_invalid(self) -> None:
         self.client.results.put_payloads(self.invalid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.stores import ResultStore
-from cleveragents.wire import request_payload, result_payload
+from cleveragents.wire import ChunkContext, request_payload, result_payload
 
 #: Binds requests' ids to their content; True where an id was bound to other content.
 BindIds = Callable[[Sequence[SkillInvocationRequest]], list[bool]]
@@ -34,8 +35,8 @@ DEFAULT_WINDOW = 20_000
 #: Longest pause between two reads of the result store.
 MAX_POLL_S = 0.02
 
-#: Publishes one chunk of requests; returns the message's id (or None).
-SendChunk = Callable[[list[SkillInvocationRequest]], str | None]
+#: Publishes one chunk of requests (with their place in the batch); returns the message's id.
+SendChunk = Callable[[list[SkillInvocationRequest], ChunkContext], str | None]
 
 
 def invalid_payload(item: BatchItem) -> dict[str, Any]:
@@ -75,8 +76,14 @@ class BatchRunner:
         window: int = DEFAULT_WINDOW,
         chunk_size: int | None = None,
         bind: BindIds | None = None,
+        batch_id: str | None = None,
+        total: int | None = None,
     ) -> None:
         self.items = iter(items)
+        #: What Flower shows the chunks under, with each request's item number (1-based).
+        self.batch_id = batch_id or uuid.uuid4().hex[:16]
+        self.total = total
+        self.count = 0
         self.store = store
         self.send_chunk = send_chunk
         self.bind = bind
@@ -85,6 +92,7 @@ class BatchRunner:
         self.chunk_size = chunk_size or DEFAULT_CHUNK
         self.gather = OrderedGather(store)
         self.buffers: dict[bool, list[tuple[Entry, SkillInvocationRequest]]] = {False: [], True: []}
+        self.positions: dict[bool, list[int]] = {False: [], True: []}  # item numbers, as buffers
         self.buffer_bytes: dict[bool, int] = {False: 0, True: 0}
         self.exhausted = False
         self.submitted = 0
@@ -101,10 +109,10 @@ class BatchRunner:
         self.stopped = True
 
     def _flush(self, writes: bool) -> None:
-        buffer = self.buffers[writes]
+        buffer, positions = self.buffers[writes], self.positions[writes]
         if not buffer:
             return
-        self.buffers[writes] = []
+        self.buffers[writes], self.positions[writes] = [], []
         self.buffer_bytes[writes] = 0
         if self.bind is not None:  # an id bound to another request gets no one's result
             reused = self.bind([request for _, request in buffer])
@@ -112,16 +120,22 @@ class BatchRunner:
                 if refused:
                     entry.payload = reused_payload(request)
             buffer = [pair for pair, refused in zip(buffer, reused, strict=True) if not refused]
+            positions = [n for n, refused in zip(positions, reused, strict=True) if not refused]
         if self.reuse and buffer:
             ids = [entry.request_id for entry, _ in buffer]
             writes_allowed = [request.allow_writes for _, request in buffer]
             payloads = self.store.reusable(ids, writes_allowed, forget_stale=True)
             for (entry, _), payload in zip(buffer, payloads, strict=True):
                 entry.payload = payload
-        todo = [request for entry, request in buffer if entry.payload is None]
+        todo = [
+            (request, n)
+            for (entry, request), n in zip(buffer, positions, strict=True)
+            if entry.payload is None
+        ]
         self.reused += len(buffer) - len(todo)
         if todo:
-            message = self.send_chunk(todo)
+            context = ChunkContext(self.batch_id, tuple(n for _, n in todo), self.total)
+            message = self.send_chunk([request for request, _ in todo], context)
             if message is not None:
                 self.messages.append(message)
             self.submitted += len(todo)
@@ -133,6 +147,7 @@ class BatchRunner:
             if item is None:
                 self.exhausted = True
                 break
+            self.count += 1
             entry = Entry(item.line, item.request_id, item.skill, item.tool)
             self.gather.add(entry)
             if item.request is None:
@@ -140,12 +155,15 @@ class BatchRunner:
                 continue
             writes = item.request.allow_writes
             self.buffers[writes].append((entry, item.request))
+            self.positions[writes].append(self.count)
             self.buffer_bytes[writes] += _size(item.request)
             if (
                 len(self.buffers[writes]) >= self.chunk_size
                 or self.buffer_bytes[writes] >= MAX_CHUNK_BYTES
             ):
                 self._flush(writes)
+        if self.exhausted and self.total is None:
+            self.total = self.count  # known now: the last chunks say "of N"
         if self.exhausted or len(self.gather) >= window:
             self._flush(False)
             self._flush(True)

@@ -220,6 +220,7 @@ def run_batch(
             client,
             _tracked(read_jsonl(path, allow_writes=allow_writes), bad_lines),
             chunk_size=chunk_size,
+            total=total,  # Flower shows each chunk's items "of N"
         )
         progress = _progress(total)
         local: LocalWorker | None = None

@@ -7,7 +7,22 @@ rest to a ``requeue`` callable. Neither knows Celery: the tasks decode a message
 call one of them and encode the result.
 """
 
-from cleveragents.pipeline.chunk import ChunkReport, Requeue, execute_chunk
+from cleveragents.pipeline.chunk import (
+    ChunkReport,
+    ItemFailure,
+    ReportFailures,
+    Requeue,
+    execute_chunk,
+)
 from cleveragents.pipeline.invocation import Observer, Pipeline, execute
 
-__all__ = ["ChunkReport", "Observer", "Pipeline", "Requeue", "execute", "execute_chunk"]
+__all__ = [
+    "ChunkReport",
+    "ItemFailure",
+    "Observer",
+    "Pipeline",
+    "ReportFailures",
+    "Requeue",
+    "execute",
+    "execute_chunk",
+]
