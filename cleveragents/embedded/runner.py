@@ -82,6 +82,9 @@ def stop_worker(share: HomeShare, queue_folder: str) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pid, signal.SIGKILL)
         _wait_until(lambda: not group_alive(record.pid), KILL_WAIT_S)
+        # A killed process gives up its memory before its files: its in-flight lock can
+        # outlive it briefly, and a message behind a lock still held is not given back.
+        _wait_until(lambda: not held_by(queue_folder, record.pid), KILL_WAIT_S)
     share.clear()
     # A message it fetched after the check, or held past the warm shutdown: back in the queue.
     restore_orphans(queue_folder)
