@@ -1,21 +1,26 @@
 """Metrics beyond Flower's own, in the Prometheus text format.
 
-Workers count invocations by skill, tool, outcome and error type, and their
-durations in histogram buckets, in memory, and add them to their metric store
-every ``FLUSH_S`` (one pipeline per process with Redis, not a round trip per
-invocation; the embedded default drops them). The ``cleveragents metrics``
-exporter reads those, plus the length of every queue and the age of its oldest
-waiting message, and serves them at ``/metrics``.
+Workers count invocations by skill, tool, outcome, error type and failure reason,
+and their durations in histogram buckets by skill, tool and outcome, in memory,
+and add them to their metric store every ``FLUSH_S`` (one pipeline per process
+with Redis, not a round trip per invocation; the embedded default drops them).
+A process that exits flushes what is pending (``MetricsRecorder.close``); one
+that is killed outright loses at most its last ``FLUSH_S`` of counts. A worker
+starts every catalogue tool's series at zero (``MetricsRecorder.start``), so the
+first invocation of a tool is an increase that ``increase()`` and ``rate()`` see.
+The ``cleveragents metrics`` exporter reads those, plus the length of every queue
+and the age of its oldest waiting message, and serves them at ``/metrics``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cleveragents.constants import (
@@ -28,14 +33,79 @@ from cleveragents.constants import (
 from cleveragents.skills import SkillResult
 from cleveragents.stores import MetricCounts, MetricStore, RedisMetricStore
 
-__all__ = ["BUCKETS", "FLUSH_S", "MetricsRecorder", "render"]
+__all__ = [
+    "BUCKETS",
+    "CLOSE_WAIT_S",
+    "FLUSH_S",
+    "REASONS",
+    "ZERO_SERIES",
+    "MetricsRecorder",
+    "reason_label",
+    "render",
+    "zero_counts",
+]
 
-#: Histogram buckets of invocation durations, in seconds.
-BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 300.0)
-#: Seconds between two flushes of a process's counters to its metric store.
-FLUSH_S = 2.0
+log = logging.getLogger("cleveragents.metrics")
+
+#: Histogram buckets of invocation durations, in seconds: 1 ms (an in-process python
+#: tool, a refusal), a 1-2.5-5 ladder from 5 ms to 10 s, then the minutes command and
+#: MCP tools take, up to CLEVERAGENTS_MAX_TIMEOUT_S's default hour; 300 s is the
+#: default timeout. docs/operations.md says why.
+BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+#: Seconds between two flushes of a process's counters to its metric store: what a
+#: process killed outright (SIGKILL, the OOM killer) can lose at most.
+FLUSH_S = 1.0
+#: Longest a process's last flush may take at its exit (a store that is away).
+CLOSE_WAIT_S = 5.0
 QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
 
+#: Every ``details["reason"]`` that becomes a ``reason`` label as it is; any other
+#: is ``"other"``, and a failure without one (or a success) has ``""``. A fixed set,
+#: so that a tool cannot grow the number of series.
+REASONS = frozenset(
+    {
+        "timeout",  # a tool stopped at its timeout, or ended by the hard time limit
+        "output_too_large",  # CLEVERAGENTS_MAX_OUTPUT_BYTES
+        "poison_message",  # the guard gave up on an invocation that ends its process
+        "write_already_started",  # a redelivered write whose first run still holds it
+        "write_interrupted",  # a write whose process died before it reported back
+        "request_id_reused",  # a request id bound to other content
+        "revoked",  # an invocation revoked before it ended
+    }
+)
+OTHER_REASON = "other"
+#: The invocation series (outcome, error_type, reason) every catalogue tool starts
+#: at zero: success and the failures a known tool can have.
+ZERO_SERIES = (
+    ("success", "", ""),
+    ("failure", "validation_error", ""),
+    ("failure", "permission_denied", ""),
+    ("failure", "tool_activation_failure", ""),
+    ("failure", "tool_execution_failure", ""),
+    ("failure", "tool_execution_failure", "timeout"),
+    ("failure", "tool_execution_failure", "output_too_large"),
+)
+OUTCOMES = ("success", "failure")
 
 #: What ``known(skill, tool)`` answers: whether the names are the catalogue's.
 KnownTool = Callable[[str, str], bool]
@@ -45,65 +115,156 @@ UNKNOWN_LABEL = "unknown"
 MAX_LABEL_CHARS = 120
 
 
+def reason_label(result: SkillResult) -> str:
+    """The ``reason`` label of a finished invocation: one of ``REASONS``, "other" or ""."""
+    if result.error is None:
+        return ""
+    reason = (result.error.details or {}).get("reason")
+    if reason is None:
+        return ""
+    return reason if isinstance(reason, str) and reason in REASONS else OTHER_REASON
+
+
+def _capped(skill: str, tool: str) -> tuple[str, str]:
+    return skill[:MAX_LABEL_CHARS], tool[:MAX_LABEL_CHARS]
+
+
+def zero_counts(tools: Iterable[tuple[str, str]]) -> MetricCounts:
+    """Counts of zero for every ``ZERO_SERIES`` and both histograms of each (skill, tool)."""
+    counts = MetricCounts()
+    for skill, tool in tools:
+        skill, tool = _capped(skill, tool)
+        for outcome, error, reason in ZERO_SERIES:
+            counts.invocations[json.dumps([skill, tool, outcome, error, reason])] += 0
+        for outcome in OUTCOMES:
+            counts.sums[json.dumps([skill, tool, outcome])] = 0.0
+    return counts
+
+
 class MetricsRecorder:
-    """In-process counters of one worker process, flushed to a metric store in the background."""
+    """In-process counters of one worker process, flushed to a metric store in the background.
+
+    One flusher thread per process adds the counts to the store every ``FLUSH_S``,
+    and at once when asked (``start``, ``close``). A forked child starts with no
+    counts (its parent flushes its own) and its own flusher, at its first use.
+    """
 
     def __init__(self, store: MetricStore, known: KnownTool | None = None) -> None:
         self.store = store
         self._known = known
+        self._pid = -1
+        self._own_process()
+
+    def _own_process(self) -> None:
+        # Locks, counts and the flusher thread belong to one process: after a fork, the
+        # child's copies may hold counts its parent flushes, or a lock a thread held.
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one flush at a time: the last waits for the one running
         self._counts = MetricCounts()
-        self._pid = 0
+        self._flusher: threading.Thread | None = None
+        # Flushes asked for and flushes done, under ``_asking``: ``close`` asks and waits.
+        self._asking = threading.Condition(threading.Lock())
+        self._asked = self._answered = 0
 
     def record(self, result: SkillResult) -> None:
         """Count one finished invocation."""
+        self._own_process()
         error = result.error.error_type if result.error is not None else ""
         outcome = "success" if result.success else "failure"
         skill, tool_name = self._labels(result.skill_name, result.tool_name)
-        key = json.dumps([skill, tool_name, outcome, str(error)])
-        seconds = result.duration_ms / 1000
-        tool = json.dumps([skill, tool_name])
+        key = json.dumps([skill, tool_name, outcome, str(error), reason_label(result)])
+        seconds = max(0.0, result.duration_ms / 1000)
+        series = json.dumps([skill, tool_name, outcome])
         bucket = next((b for b in BUCKETS if seconds <= b), "+Inf")
         with self._lock:
             counts = self._counts
             counts.invocations[key] += 1
-            counts.durations[json.dumps([skill, tool_name, str(bucket)])] += 1
-            counts.sums[tool] = counts.sums.get(tool, 0.0) + seconds
+            counts.durations[json.dumps([skill, tool_name, outcome, str(bucket)])] += 1
+            counts.sums[series] = counts.sums.get(series, 0.0) + seconds
         self._ensure_flusher()
+
+    def start(self, tools: Iterable[tuple[str, str]] = ()) -> bool:
+        """Start the series of ``tools`` at zero: flushed now, waiting at most ``CLOSE_WAIT_S``."""
+        self._own_process()
+        zeros = zero_counts(tools)
+        with self._lock:
+            self._counts.add(zeros)
+        self._ensure_flusher()
+        return self._flush_within(CLOSE_WAIT_S)
 
     def _labels(self, skill: str, tool: str) -> tuple[str, str]:
         # A producer names any skill it likes: only the catalogue's names become series
         # (a bounded set), the rest count as "unknown"; every label is length-capped.
         if self._known is not None and not self._known(skill, tool):
             return UNKNOWN_LABEL, UNKNOWN_LABEL
-        return skill[:MAX_LABEL_CHARS], tool[:MAX_LABEL_CHARS]
+        return _capped(skill, tool)
 
     def _ensure_flusher(self) -> None:
-        if self._pid == os.getpid():
-            return
-        self._pid = os.getpid()  # once per process (a forked pool child starts its own)
-        threading.Thread(target=self._loop, name="metrics-flush", daemon=True).start()
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._loop, name="metrics-flush", daemon=True)
+            self._flusher.start()
 
     def _loop(self) -> None:
         while True:
-            time.sleep(FLUSH_S)
+            with self._asking:
+                self._asking.wait_for(lambda: self._asked > self._answered, timeout=FLUSH_S)
+                asked = self._asked
             try:
                 self.flush()
             except Exception:  # the store is away: keep counting, flush later
+                time.sleep(FLUSH_S)
                 continue
+            with self._asking:
+                self._answered = max(self._answered, asked)
+                self._asking.notify_all()
 
     def flush(self) -> None:
         """Add the counts so far to the store and start counting afresh."""
-        with self._lock:
-            counts, self._counts = self._counts, MetricCounts()
-        if not counts:
-            return
-        try:
-            self.store.add(counts)
-        except Exception:
-            with self._lock:  # put them back for the next flush
-                self._counts.add(counts)
-            raise
+        self._own_process()
+        with self._flushing:
+            with self._lock:
+                counts, self._counts = self._counts, MetricCounts()
+            if not counts:
+                return
+            try:
+                self.store.add(counts)
+            except Exception:
+                with self._lock:  # put them back for the next flush
+                    self._counts.add(counts)
+                raise
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Flush what is pending, as a process exits: wait at most ``wait_s`` for the store.
+
+        Safe in a signal handler: it starts no thread, and gives up after ``wait_s``
+        even if the interrupted code holds a lock. Returns False (and logs how many
+        invocations went uncounted) when the counts did not reach the store in time.
+        """
+        self._own_process()
+        if self._flush_within(wait_s):
+            return True
+        if self._lock.acquire(timeout=0.1):
+            try:
+                lost = sum(self._counts.invocations.values())
+            finally:
+                self._lock.release()
+            if lost:
+                log.warning("%d finished invocations were not counted: metric store away", lost)
+        return False
+
+    def _flush_within(self, wait_s: float) -> bool:
+        # The flusher thread does it, so that a store that retries for minutes holds up
+        # neither a process's exit nor a worker's start.
+        if self._flusher is None:
+            return True  # nothing was ever counted in this process
+        with self._asking:
+            self._asked += 1
+            asked = self._asked
+            self._asking.notify_all()
+            return self._asking.wait_for(lambda: self._answered >= asked, timeout=wait_s)
 
 
 def _label(value: str) -> str:
@@ -125,6 +286,17 @@ def _oldest_age(redis: Any, queue: str, now: float) -> float:
     return max(0.0, now - sent)
 
 
+def _fields(raw: str, arity: int) -> list[str] | None:
+    # A field written by another release (fewer labels, other buckets) is skipped.
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or len(value) != arity:
+        return None
+    return [str(v) for v in value]
+
+
 def render(redis: Any) -> str:
     """Every metric, in the Prometheus text exposition format."""
     now = time.time()
@@ -142,48 +314,55 @@ def render(redis: Any) -> str:
         f"cleveragents_queue_oldest_age_seconds{_labels(queue=q)} {_oldest_age(redis, q, now):.3f}"
         for q in QUEUES
     ]
-    lines += [
-        "# HELP cleveragents_invocations_total Finished invocations.",
-        "# TYPE cleveragents_invocations_total counter",
-    ]
     counts = RedisMetricStore(redis).totals()
-    for field, count in sorted(counts.invocations.items()):
-        skill, tool, outcome, error = json.loads(field)
-        lines.append(
-            f"cleveragents_invocations_total"
-            f"{_labels(skill=skill, tool=tool, outcome=outcome, error_type=error)} {int(count)}"
-        )
+    lines += _invocations(counts)
     lines += _histogram(counts)
     return "\n".join(lines) + "\n"
 
 
+def _invocations(counts: MetricCounts) -> list[str]:
+    series: Counter[tuple[str, ...]] = Counter()
+    for field, count in counts.invocations.items():
+        names = _fields(field, 5)
+        if names is None:
+            old = _fields(field, 4)  # counted before the reason label: reason ""
+            names = None if old is None else [*old, ""]
+        if names is not None:
+            series[tuple(names)] += int(count)
+    lines = [
+        "# HELP cleveragents_invocations_total Finished invocations.",
+        "# TYPE cleveragents_invocations_total counter",
+    ]
+    for (skill, tool, outcome, error, reason), count in sorted(series.items()):
+        text = _labels(skill=skill, tool=tool, outcome=outcome, error_type=error, reason=reason)
+        lines.append(f"cleveragents_invocations_total{text} {count}")
+    return lines
+
+
 def _histogram(counts: MetricCounts) -> list[str]:
-    buckets: dict[tuple[str, str], Counter[str]] = {}
-    sums: dict[tuple[str, str], float] = {}
+    buckets: dict[tuple[str, ...], Counter[str]] = {}
+    sums: dict[tuple[str, ...], float] = {}
     for field, total in counts.sums.items():
-        skill, tool = json.loads(field)
-        sums[(skill, tool)] = total
+        names = _fields(field, 3)
+        if names is not None:
+            sums[tuple(names)] = total
+            buckets.setdefault(tuple(names), Counter())
     for field, value in counts.durations.items():
-        skill, tool, bucket = json.loads(field)
-        buckets.setdefault((skill, tool), Counter())[bucket] += int(value)
+        names = _fields(field, 4)
+        if names is not None:
+            buckets.setdefault(tuple(names[:3]), Counter())[names[3]] += int(value)
     lines = [
         "# HELP cleveragents_invocation_duration_seconds Time an invocation took in the runtime.",
         "# TYPE cleveragents_invocation_duration_seconds histogram",
     ]
-    for (skill, tool), per_bucket in sorted(buckets.items()):
+    for (skill, tool, outcome), per_bucket in sorted(buckets.items()):
         running = 0
         for bound in [*(str(b) for b in BUCKETS), "+Inf"]:
             running += per_bucket.get(bound, 0)
-            lines.append(
-                f"cleveragents_invocation_duration_seconds_bucket"
-                f"{_labels(skill=skill, tool=tool, le=bound)} {running}"
-            )
-        lines.append(
-            f"cleveragents_invocation_duration_seconds_sum{_labels(skill=skill, tool=tool)} "
-            f"{sums.get((skill, tool), 0.0):.6f}"
-        )
-        lines.append(
-            f"cleveragents_invocation_duration_seconds_count{_labels(skill=skill, tool=tool)} "
-            f"{running}"
-        )
+            text = _labels(skill=skill, tool=tool, outcome=outcome, le=bound)
+            lines.append(f"cleveragents_invocation_duration_seconds_bucket{text} {running}")
+        text = _labels(skill=skill, tool=tool, outcome=outcome)
+        total = sums.get((skill, tool, outcome), 0.0)
+        lines.append(f"cleveragents_invocation_duration_seconds_sum{text} {total:.6f}")
+        lines.append(f"cleveragents_invocation_duration_seconds_count{text} {running}")
     return lines

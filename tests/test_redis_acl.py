@@ -253,7 +253,10 @@ def test_metrics_exporter_reads_queues_and_counters_as_its_own_user(
         text = "counted by the exporter"
         assert client.submit("local/text-tools", "local/shout", {"text": text}).result(60).success
     # The worker adds its counts to Redis every couple of seconds
-    series = 'cleveragents_invocations_total{skill="local/text-tools",tool="local/shout"'
+    series = (
+        'cleveragents_invocations_total{skill="local/text-tools",tool="local/shout",'
+        'outcome="success",error_type="",reason=""} 1'
+    )
     exported: list[str] = []
 
     def counted() -> bool:

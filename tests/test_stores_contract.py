@@ -275,6 +275,21 @@ def test_metric_counts_add_up_except_on_the_embedded_default(stores: Stores) -> 
     assert totals.sums == {json.dumps(["s", "t"]): pytest.approx(1.0)}
 
 
+def test_a_count_of_zero_makes_its_series_exist_except_on_the_embedded_default(
+    stores: Stores,
+) -> None:
+    zero = MetricCounts()
+    zero.invocations[json.dumps(["s", "t", "success", "", ""])] += 0
+    zero.sums[json.dumps(["s", "t", "success"])] = 0.0
+    stores.metrics.add(zero)
+    totals = stores.metrics.totals()
+    if isinstance(stores.metrics, NullMetricStore):
+        assert not totals
+        return
+    assert totals.invocations == {json.dumps(["s", "t", "success", "", ""]): 0}
+    assert totals.sums == {json.dumps(["s", "t", "success"]): 0.0}
+
+
 # --- one retry policy --------------------------------------------------------------
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cleveragents.logs import log_invocation
-from cleveragents.metrics import MetricsRecorder
+from cleveragents.metrics import CLOSE_WAIT_S, MetricsRecorder
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.stores import MetricStore
 
-__all__ = ["WorkerObserver"]
+__all__ = ["WorkerObserver", "catalogue_tools"]
 
 
 def _known_to(catalogue: Catalogue) -> Callable[[str, str], bool]:
@@ -23,10 +23,20 @@ def _known_to(catalogue: Catalogue) -> Callable[[str, str], bool]:
     return known
 
 
+def catalogue_tools(catalogue: Catalogue) -> list[tuple[str, str]]:
+    """Every (skill, tool) the catalogue serves: a tool once under each skill that reaches it."""
+    return [
+        (name, entry.tool.name)
+        for name in catalogue.names
+        for entry in catalogue.resolve(name).resolved_tools
+    ]
+
+
 class WorkerObserver:
     """The pipeline's observer in a worker process: logs each invocation's line and counts it."""
 
     def __init__(self, metrics: MetricStore, catalogue: Catalogue | None = None) -> None:
+        self.catalogue = catalogue
         self.recorder = MetricsRecorder(
             metrics, None if catalogue is None else _known_to(catalogue)
         )
@@ -34,3 +44,11 @@ class WorkerObserver:
     def __call__(self, request_id: str, result: SkillResult) -> None:
         log_invocation(request_id, result)
         self.recorder.record(result)
+
+    def start(self) -> None:
+        """Start every catalogue tool's series at zero (once per worker, at its start)."""
+        self.recorder.start([] if self.catalogue is None else catalogue_tools(self.catalogue))
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Flush the counts still pending (as the process exits); False if the store was away."""
+        return self.recorder.close(wait_s)

@@ -22,6 +22,7 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
+    worker_shutdown,
 )
 
 from cleveragents.embedded.folders import create_folders
@@ -72,23 +73,35 @@ def _log_start(**_: Any) -> None:
 
 @worker_process_init.connect
 def _load_in_child(**_: Any) -> None:
+    state.forget_inherited()  # a replacement forked after the parent built its own pipeline
     state.current()
 
 
 _sigterm_default = [False]
+#: How long a pool process given SIGTERM may spend adding its pending metric counts
+#: to Redis before it dies (a millisecond or two when Redis is there).
+SIGTERM_FLUSH_S = 1.0
 
 
 @task_prerun.connect
 def _die_on_sigterm(**_: Any) -> None:
     # A pool process gets SIGTERM when the hard time limit ends it (SIGKILL follows
-    # 0.1 s later). billiard's handler raises SystemExit inside the running tool, which
-    # the python kind would report as the tool's own sys.exit, and the dying process
-    # could store that over the time-out. So a pool process simply dies on SIGTERM.
+    # 0.1 s later), and from a supervisor that signals the worker's whole process group
+    # (systemd's default). billiard's handler raises SystemExit inside the running tool,
+    # which the python kind would report as the tool's own sys.exit, and the dying
+    # process could store that over the time-out. So a pool process simply dies of
+    # SIGTERM, raising nothing into the tool, once it has flushed its metric counts.
     # Set here, before its first task: billiard installs its handler after
     # worker_process_init.
     if not _sigterm_default[0]:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, _flush_and_die)
         _sigterm_default[0] = True
+
+
+def _flush_and_die(signum: int, _frame: Any) -> None:
+    state.close_metrics(SIGTERM_FLUSH_S)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 @worker_process_shutdown.connect
@@ -98,6 +111,26 @@ def _close_mcp_sessions(**_: Any) -> None:
     sessions = sys.modules.get("cleveragents.runtime.mcp_sessions")
     if sessions is not None:
         sessions.close_sessions()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_metrics(**_: Any) -> None:
+    # A pool process that leaves (warm shutdown, max tasks per child) and the main
+    # process (it counts invocations the hard time limit ended) flush what they counted
+    # since their last flush; otherwise up to FLUSH_S of invocations would go uncounted.
+    state.close_metrics()
+
+
+@worker_ready.connect
+def _start_metrics(sender: Any = None, **_: Any) -> None:
+    # Every catalogue tool's series exist, at zero, before its first invocation: a
+    # counter that appears at 1 is an increase that increase() and rate() never see.
+    # Before the ready file: whoever waits for it finds them.
+    try:
+        state.start_metrics(sender.app.backend)
+    except Exception as exc:  # metrics never keep a worker from serving
+        log.warning("could not start the metrics at zero: %s", exc)
 
 
 @worker_ready.connect

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from cleveragents.metrics import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
 from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.settings import Settings
@@ -14,12 +15,20 @@ from cleveragents.skills import Catalogue
 from cleveragents.stores import open_stores
 from worker.observe import WorkerObserver
 
-__all__ = ["WorkerState", "current", "pipeline"]
+__all__ = [
+    "WorkerState",
+    "close_metrics",
+    "current",
+    "forget_inherited",
+    "pipeline",
+    "start_metrics",
+]
 
 log = logging.getLogger("cleveragents.worker")
 _lock = threading.Lock()
 _state: WorkerState | None = None
 _pipeline: Pipeline | None = None
+_observer: WorkerObserver | None = None
 
 
 @dataclass(frozen=True)
@@ -62,18 +71,38 @@ def current() -> WorkerState:
 
 def pipeline(backend: Any) -> Pipeline:
     """This process's invocation pipeline, its stores chosen once beside ``backend``."""
-    global _pipeline
+    global _pipeline, _observer
     if _pipeline is None:
         state = current()
         with _lock:
             if _pipeline is None:
                 stores = open_stores(state.settings, backend)
+                _observer = WorkerObserver(stores.metrics, state.catalogue)
                 _pipeline = Pipeline.over(
                     state.catalogue,
                     stores,
                     read_only=state.settings.read_only,
                     default_timeout_s=state.settings.default_timeout_s,
                     max_timeout_s=state.settings.max_timeout_s,
-                    observe=WorkerObserver(stores.metrics, state.catalogue),
+                    observe=_observer,
                 )
     return _pipeline
+
+
+def forget_inherited() -> None:
+    """Drop a pipeline inherited from the parent (a pool process builds its own)."""
+    global _pipeline, _observer
+    _pipeline = _observer = None
+
+
+def start_metrics(backend: Any) -> None:
+    """Start every catalogue tool's metric series at zero (the worker's main process, once)."""
+    pipeline(backend)
+    if _observer is not None:
+        _observer.start()
+
+
+def close_metrics(wait_s: float = CLOSE_WAIT_S) -> None:
+    """Flush this process's pending metric counts as it exits, waiting at most ``wait_s``."""
+    if _observer is not None:
+        _observer.close(wait_s)

@@ -12,8 +12,9 @@ What the producer then finds:
 
 * ``skills.invoke``: a ``tool_execution_failure`` with ``details["reason"] ==
   "timeout"``, stored under the request id by the worker's main process instead
-  of Celery's bare ``TimeLimitExceeded`` (``HardLimitMixin``); the message is
-  acknowledged, so the tool does not run again.
+  of Celery's bare ``TimeLimitExceeded`` (``HardLimitMixin``), and logged and
+  counted in the metrics there; the message is acknowledged, so the tool does
+  not run again.
 * ``skills.invoke_chunk``: the chunk goes back to its queue (not acknowledged):
   redelivered, it stores each result as it goes and counts each invocation's
   deliveries, so the one that cannot be stopped ends as a poison message and the
@@ -136,6 +137,7 @@ def hard_limit_result(body: Any, limit_s: float, catalogue: Catalogue, settings:
             "hard_limit_s": limit_s,
             "exception_type": "TimeLimitExceeded",
         },
+        duration_ms=limit_s * 1000,  # it ran until the limit ended it
     )
 
 
@@ -195,6 +197,9 @@ def _store_hard_limit_result(request: Any, limit_s: float) -> bool:
     payload = result_payload(result, request.id)
     failure = SkillInvocationFailed(failure_summary(result), payload)
     backend.mark_as_failure(request.id, failure, request=request._context, store_result=True)
+    # Its pool process died before it could log or count the invocation: this process
+    # does both (its counts are flushed with this process's, at its exit at the latest).
+    state.pipeline(backend).observe(request.id, result)
     return True
 
 

@@ -106,8 +106,10 @@ class Claim:
 class MetricCounts:
     """Counters of finished invocations: by outcome, by duration bucket, and summed seconds.
 
-    Keys are JSON arrays: ``[skill, tool, outcome, error_type]`` for ``invocations``,
-    ``[skill, tool, bucket]`` for ``durations`` and ``[skill, tool]`` for ``sums``.
+    Keys are JSON arrays: ``[skill, tool, outcome, error_type, reason]`` for
+    ``invocations``, ``[skill, tool, outcome, bucket]`` for ``durations`` and
+    ``[skill, tool, outcome]`` for ``sums``. A count of zero is kept: adding it
+    makes the series exist (``cleveragents.metrics.zero_counts``).
     """
 
     invocations: Counter[str] = field(default_factory=Counter)
