@@ -200,7 +200,7 @@ def test_inspect_shows_redacted_arguments_of_running_invocations(
     wait_until(lambda: client.state(handle.request_id) == "STARTED", 30, "the tool to start")
 
     # When a monitor asks what runs, what is reserved and scheduled, and queries the task
-    inspect = client.app.control.inspect(timeout=5)
+    inspect = client.app.control.inspect(timeout=5, limit=1)
     seen = json.dumps([inspect.active(), inspect.reserved(), inspect.scheduled(),
                        inspect.query_task(handle.request_id)], default=str)
 
@@ -213,7 +213,7 @@ def test_inspect_shows_redacted_arguments_of_running_invocations(
 
 
 def _queues_of(client: SkillClient) -> set[str]:
-    replies = client.app.control.inspect(timeout=5).active_queues() or {}
+    replies = client.app.control.inspect(timeout=5, limit=1).active_queues() or {}
     return {q["name"] for queues in replies.values() for q in queues}
 
 
@@ -224,8 +224,8 @@ def test_broadcast_shutdown_and_add_consumer_are_refused_by_default(
     worker = start_worker(redis_url)
 
     # When anyone on the broker broadcasts shutdown and add_consumer
-    replies = client.app.control.broadcast("shutdown", reply=True, timeout=5)
-    client.app.control.add_consumer("skills.elsewhere", reply=True, timeout=5)
+    replies = client.app.control.broadcast("shutdown", reply=True, timeout=5, limit=1)
+    client.app.control.add_consumer("skills.elsewhere", reply=True, timeout=5, limit=1)
     time.sleep(2)
 
     # Then the worker says no, keeps running, consumes what it did, and still answers inspect
@@ -245,8 +245,8 @@ def test_a_read_only_worker_never_consumes_a_write_queue_even_when_told_to(
     start_worker(redis_url, read_only=True, CLEVERAGENTS_REMOTE_CONTROL="1")
 
     # When it is told to consume the write queue, and a write is waiting there
-    client.app.control.add_consumer("skills.write", reply=True, timeout=5)
-    client.app.control.add_consumer("skills.extra", reply=True, timeout=5)
+    client.app.control.add_consumer("skills.write", reply=True, timeout=5, limit=1)
+    client.app.control.add_consumer("skills.extra", reply=True, timeout=5, limit=1)
     handle = client.submit("test/basic", "test/count-write", {"path": str(tmp_path / "w")},
                            allow_writes=True)
     time.sleep(2)
