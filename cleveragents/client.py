@@ -403,7 +403,7 @@ class SkillClient:
             if now >= grace_ends or (deadline is not None and now >= deadline):
                 raise NoWorkerRunning(
                     f"no result for {request_id}, and no worker serves the embedded queue "
-                    f"under {self.settings.home}: run `cleveragents worker` in another "
+                    f"under {self.settings.home.resolve()}: run `cleveragents worker` in another "
                     "terminal (same folder, or the same CLEVERAGENTS_HOME), or wrap the "
                     "client's work in `with LocalWorker(client.settings):` "
                     "(cleveragents.embedded.runner); the request waits on disk until then"

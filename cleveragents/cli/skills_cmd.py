@@ -93,7 +93,7 @@ def list_skills(as_json: bool, paths: tuple[str, ...]) -> None:
     if as_json:
         print_json(metadata)
         return
-    table = Table(title=f"{len(metadata)} skills", title_justify="left")
+    table = Table(title=_count(len(metadata), "skill"), title_justify="left")
     table.add_column("name", no_wrap=True)
     for column in ("version", "tools", "writes", "sources", "description"):
         table.add_column(column)

@@ -189,10 +189,12 @@ def _unknown(request_id: str, settings: Settings, as_json: bool) -> None:
     if as_json:
         print_json({"request_id": request_id, "state": UNKNOWN})
         raise click.exceptions.Exit(2)
-    where = f"home {settings.home}" if settings.embedded else "this broker"
+    where = f"the embedded home {settings.home.resolve()}" if settings.embedded else "this broker"
+    kept = settings.result_expires_s
+    kept_for = f"{kept / 86400:g} days" if kept >= 86400 else f"{kept:g} s"
     raise CliFailure(
         f"no invocation {request_id} is known to {where}: nothing was submitted under this "
-        f"id, or its result expired (kept {settings.result_expires_s:g} s, "
+        f"id, or its result expired (kept {kept_for}, "
         "CLEVERAGENTS_RESULT_EXPIRES_S); check the id `cleveragents submit` printed, and "
         "that CLEVERAGENTS_BROKER_URL / CLEVERAGENTS_HOME are the ones it was sent with"
     )
