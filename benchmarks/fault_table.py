@@ -41,6 +41,7 @@ from benchmarks.hostile_rows import rows as hostile_rows  # noqa: E402
 from tests.fault_rig import (  # noqa: E402
     IDEMPOTENT,
     READ,
+    RECOVERY_S,
     VISIBILITY_S,
     WRITE,
     Outcome,
@@ -52,6 +53,7 @@ from tests.fault_scenarios import (  # noqa: E402
     scenario_child_kill_mid_tool,
     scenario_child_kills_under_load,
     scenario_duplicate_submission,
+    scenario_frozen_worker,
     scenario_outlive_visibility,
     scenario_poison,
     scenario_poison_in_batch,
@@ -62,6 +64,9 @@ from tests.fault_scenarios import (  # noqa: E402
 )
 
 Scenario = Callable[[Rig], Outcome]
+#: A row's visibility timeout of None: the rig leaves it, and the recovery time, at
+#: their defaults (900 s and 30 s); else the recovery time is the rig's RECOVERY_S.
+DEFAULTS = None
 
 
 def child_kill_each_tool(r: Rig) -> Outcome:
@@ -95,12 +100,24 @@ def duplicates(r: Rig) -> Outcome:
 def outlive_visibility(r: Rig) -> Outcome:
     started = time.monotonic()
     seen = scenario_outlive_visibility(r, sleep_s=7.0)
-    outcome = Outcome(f"write sleeps 7s, visibility {r.visibility_s:g}s, redelivered", 1)
+    outcome = Outcome(f"write sleeps 7s, visibility {r.visibility_s}s, live worker", 1)
     outcome.lost = int(seen["final"] is None)
     outcome.write_dupes = max(0, seen["runs"] - 1)
     outcome.failed = int(not seen["result"].success)
     outcome.recover_s = time.monotonic() - started
     outcome.notes.append(f"{seen['deliveries']} deliveries")
+    return outcome
+
+
+def frozen_worker(r: Rig) -> Outcome:
+    started = time.monotonic()
+    seen = scenario_frozen_worker(r, sleep_s=10.0, frozen_s=30.0)
+    outcome = Outcome("write of a worker frozen past its liveness, handed out again", 1)
+    outcome.lost = int(seen["final"] is None)
+    outcome.write_dupes = max(0, seen["runs"] - 1)
+    outcome.failed = int(not seen["result"].success or seen["final"] != seen["result"])
+    outcome.recover_s = time.monotonic() - started
+    outcome.notes.append(f"{seen['deliveries']} deliveries, {seen['counted']} counted")
     return outcome
 
 
@@ -122,13 +139,13 @@ def reply_lost(r: Rig) -> Outcome:
     return outcome
 
 
-def scenarios(scale: float, skip_slow: bool) -> list[tuple[str, float, Scenario]]:
-    """(name, visibility timeout, scenario) for every row of the table."""
+def scenarios(scale: float, skip_slow: bool) -> list[tuple[str, float | None, Scenario]]:
+    """(name, visibility timeout or ``DEFAULTS``, scenario) for every row of the table."""
 
     def n(base: int) -> int:
         return max(30, int(base * scale))
 
-    rows: list[tuple[str, float, Scenario]] = [
+    rows: list[tuple[str, float | None, Scenario]] = [
         ("1 child kill, each tool kind", VISIBILITY_S, child_kill_each_tool),
         (
             "1 child kills under load",
@@ -160,6 +177,15 @@ def scenarios(scale: float, skip_slow: bool) -> list[tuple[str, float, Scenario]
                 ),
             )
         )
+    rows.append(
+        (
+            "2 worker kill -9, default settings, new worker at once",
+            DEFAULTS,
+            lambda r: scenario_worker_kill(
+                r, n(600), restart_after_s=0.0, sleep_s=0.02, deadline_s=120
+            ),
+        )
+    )
     rows += [
         (
             "3 redis SIGKILL + restart (busy)",
@@ -193,6 +219,7 @@ def scenarios(scale: float, skip_slow: bool) -> list[tuple[str, float, Scenario]
         ("4 fetch reply lost in flight", VISIBILITY_S, reply_lost),
         ("5 write submitted 4x while running", VISIBILITY_S, duplicates),
         ("5 write outlives visibility (2s)", 2.0, outlive_visibility),
+        ("5 write of a worker frozen past its liveness", VISIBILITY_S, frozen_worker),
         ("6 poison invocation", VISIBILITY_S, poison),
         (
             "6 poisons in batch chunks",
@@ -236,8 +263,9 @@ def notes_of(row: Row) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
+    width = max([48, *(len(row.name) for row in rows)])
     header = (
-        f"{'scenario':<48} {'runs':>4} {'invoc.':>6} {'lost':>5} {'dup w':>5} {'dup o':>5} "
+        f"{'scenario':<{width}} {'runs':>4} {'invoc.':>6} {'lost':>5} {'dup w':>5} {'dup o':>5} "
         f"{'intr':>4} {'fail':>4} {'recover s (med/max)':>20}  notes"
     )
     print(header)
@@ -246,7 +274,7 @@ def print_table(rows: list[Row]) -> None:
         o = row.outcomes
         invocations = max((x.invocations for x in o), default=0)
         print(
-            f"{row.name:<48} {len(o) + len(row.errors):>4} {invocations:>6} "
+            f"{row.name:<{width}} {len(o) + len(row.errors):>4} {invocations:>6} "
             f"{sum(x.lost for x in o):>5} {sum(x.write_dupes for x in o):>5} "
             f"{sum(x.other_dupes for x in o):>5} {sum(x.interrupted for x in o):>4} "
             f"{sum(x.failed for x in o):>4} {fmt_recover(o):>20}  {notes_of(row)}"
@@ -277,7 +305,11 @@ def main() -> None:
             try:
                 with (
                     tempfile.TemporaryDirectory(prefix="fault-table-") as tmp,
-                    rig(Path(tmp) / "rig", visibility_s=visibility) as r,
+                    rig(
+                        Path(tmp) / "rig",
+                        visibility_s=visibility,
+                        recovery_s=RECOVERY_S if visibility is not DEFAULTS else DEFAULTS,
+                    ) as r,
                 ):
                     row.outcomes.append(scenario(r))
             except Exception as exc:  # one failed run is a row note, not the end
@@ -294,13 +326,17 @@ def main() -> None:
     print(
         "recover s: child kills: last kill -> last result; worker kill: new worker "
         "started -> batch ended;\n  redis restart/outage: redis-server up again -> every "
-        "result stored (outage: new submissions);\n  outlives visibility: submit -> "
-        "result; poison: submit -> poison result; poisons in batch: batch duration;\n"
+        "result stored (outage: new submissions);\n  outlives visibility, frozen worker: "
+        "submit -> result; poison: submit -> poison result; poisons in batch: batch "
+        "duration;\n"
         "  hostile tools (7-10): submit -> results (7: -> new pool processes; 8: -> two 1 s "
         "tools\n  ran side by side)."
     )
     total = time.monotonic() - started
-    print(f"visibility timeout {VISIBILITY_S:g}s unless the row says; total {total:.0f}s")
+    print(
+        f"visibility timeout {VISIBILITY_S:g}s, recovery time {RECOVERY_S:g}s unless the row "
+        f"says; total {total:.0f}s"
+    )
 
 
 if __name__ == "__main__":

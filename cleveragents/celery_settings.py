@@ -7,21 +7,30 @@ its own app. The folders it names are created by ``embedded.folders.create_folde
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from kombu import Exchange, Queue
 
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
+from cleveragents.liveness import RecoveryTiming
+from cleveragents.rabbitmq import heartbeat_s, skill_queue, uses_amqp
+from cleveragents.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.settings import MessageSigning, Settings
 from cleveragents.signing import DIGEST, SIGNED_SERIALIZER
 
-__all__ = ["EMBEDDED_SCHEME", "EMBEDDED_TRANSPORT", "celery_settings"]
+__all__ = ["EMBEDDED_SCHEME", "EMBEDDED_TRANSPORT", "REDIS_TRANSPORT", "celery_settings"]
 
 #: URL scheme of the embedded on-disk broker.
 EMBEDDED_SCHEME = "cleveragentsfs"
 #: The embedded broker's kombu transport, named by its class path.
 EMBEDDED_TRANSPORT = "cleveragents.embedded.transport:Transport"
+#: The Redis broker's kombu transport (recovery bounded by liveness), by class path.
+REDIS_TRANSPORT = "cleveragents.redis_transport:Transport"
+#: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.
+REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
 
 
 def celery_settings(settings: Settings) -> dict[str, Any]:
@@ -61,7 +70,7 @@ def _server(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),
-        "broker_transport_options": _redis_transport_options(settings),
+        **(_amqp(settings) if uses_amqp(settings) else _redis(settings)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
         "worker_send_task_events": True,
@@ -77,11 +86,61 @@ def _default_backend(settings: Settings) -> str:
     return EmbeddedFolders.under(settings.home).results_url
 
 
-def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+def _amqp(settings: Settings) -> dict[str, Any]:
     return {
-        # A message not acked within this many seconds is handed to another
-        # worker. It bounds recovery after a worker dies (Celery's default is an
-        # hour); it must exceed the longest tool run (see docs/guarantees.md).
+        # RabbitMQ (cleveragents/rabbitmq.py): publisher confirms. The skill queues are
+        # quorum queues (_queues); Celery sees that and gives each consumer its own
+        # prefetch (quorum queues refuse a channel-wide one), so with prefetch 1 a
+        # worker holds at most `concurrency` messages of each queue it consumes.
+        "broker_transport_options": amqp_transport_options(),
+        # A worker that stops answering (a lost machine, no FIN or RST) is given up by
+        # RabbitMQ 2 to 3 heartbeats after its last word, and its messages handed to
+        # the other workers at once: within CLEVERAGENTS_RECOVERY_S, as on Redis.
+        "broker_heartbeat": heartbeat_s(settings.recovery_s),
+    }
+
+
+def _redis(settings: Settings) -> dict[str, Any]:
+    options = {"broker_transport_options": _redis_transport_options(settings)}
+    url = settings.broker_url or ""
+    scheme = url.partition("://")[0].lower()
+    if scheme not in REDIS_TRANSPORT_SCHEMES:
+        return options
+    return {
+        **options,
+        # kombu's Redis transport, with a dead worker's messages handed out again
+        # within CLEVERAGENTS_RECOVERY_S (cleveragents/redis_transport.py), given by
+        # class path: kombu's global table of transport aliases stays as shipped.
+        "broker_transport": REDIS_TRANSPORT,
+        **_rediss_default(url),
+    }
+
+
+def _rediss_default(url: str) -> dict[str, Any]:
+    # kombu gives a rediss:// URL without ssl_* parameters its default TLS options only
+    # when the transport is *named* rediss; named by class path, it would connect
+    # without TLS. The same default, then (kombu's: certificates are not checked; put
+    # ssl_cert_reqs=required in the URL, as Celery's Redis result backend demands).
+    if not url.lower().startswith("rediss://"):
+        return {}
+    if any(name.startswith("ssl_") for name, _ in parse_qsl(urlsplit(url).query)):
+        return {}
+    return {"broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_NONE}}
+
+
+def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+    # kombu's visibility sweep ran every 1 to 10 s; the reaper of dead holders runs
+    # from the same timer, every reap_s, and the sweep keeps its own pace.
+    sweep_s = max(1, min(10, int(settings.visibility_timeout_s / 5)))
+    reap_s = RecoveryTiming.of(settings.recovery_s).reap_s
+    tick_s = min(sweep_s, reap_s)
+    return {
+        # A worker's messages are handed to another worker within this many seconds
+        # of its heartbeat stopping (cleveragents/redis_transport.py, docs/guarantees.md).
+        "recovery_s": settings.recovery_s,
+        # The last resort, for a message no live worker holds: handed to another
+        # worker once unacknowledged for this long. A live worker's message is never
+        # swept, however long its tool runs.
         "visibility_timeout": settings.visibility_timeout_s,
         # Find dead connections to Redis before a command hangs on them.
         "health_check_interval": 10,
@@ -93,11 +152,10 @@ def _redis_transport_options(settings: Settings) -> dict[str, Any]:
         # writes, then batches) instead of round robin: when a process frees
         # up, a waiting interactive invocation goes before the next batch slice.
         "queue_order_strategy": "priority",
-        # kombu sweeps unacknowledged messages back into their queues every
-        # interval x throttle seconds (10 x 10 by default): sweep often enough
-        # that recovery after a dead worker is bounded by the visibility timeout.
-        "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout_s / 5))),
-        "unacked_restore_throttle": 1,
+        # kombu's timer calls the reaper and the sweep every interval, and the sweep
+        # scans every throttle-th call: interval x throttle seconds (10 x 10 by default).
+        "unacked_restore_interval": tick_s,
+        "unacked_restore_throttle": max(1, round(sweep_s / tick_s)),
         # No message priorities are used: one Redis list per queue instead of
         # kombu's four, so a fetch waits on 4 keys, not 16.
         "priority_steps": [0],
@@ -112,7 +170,7 @@ def _common(settings: Settings) -> dict[str, Any]:
         # Routing: reads, writes and batches on their own queues (constants.py). A
         # read-only worker consumes no write queue at all.
         "task_default_queue": QUEUE_READ,
-        "task_queues": _queues(settings.read_only),
+        "task_queues": _queues(settings.read_only, quorum=uses_amqp(settings)),
         "task_create_missing_queues": True,
         # Do not store task arguments (they can hold secrets) beside results.
         "result_extended": False,
@@ -193,11 +251,14 @@ def _resilience() -> dict[str, Any]:
     }
 
 
-def _queues(read_only: bool) -> list[Queue]:
-    names = (
-        [QUEUE_READ, QUEUE_BATCH]
-        if read_only
-        else [QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE]
-    )
+def _queues(read_only: bool, *, quorum: bool = False) -> list[Queue]:
+    everything = [QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE]
+    if quorum:
+        # RabbitMQ: quorum queues with a delivery limit and a dead-letter queue. All four
+        # in every process, read-only or not: RabbitMQ refuses a second declaration of a
+        # queue with other arguments (Celery would declare a missing one as classic).
+        # A read-only worker leaves the write queues at start (worker/consumer.py).
+        return [skill_queue(name) for name in everything]
+    names = [QUEUE_READ, QUEUE_BATCH] if read_only else everything
     # One direct exchange per queue, named after it: a message goes exactly where sent.
     return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in names]

@@ -15,6 +15,15 @@ QUEUE_WRITE = "skills.write"
 QUEUE_BATCH = "skills.batch"
 #: Batch chunks that allow writes.
 QUEUE_BATCH_WRITE = "skills.batch.write"
+#: RabbitMQ only: where a skill queue puts a message past ``DELIVERY_LIMIT``; nobody
+#: consumes it (docs/guarantees.md, "Poison messages end").
+QUEUE_DEAD = "skills.dead"
+#: RabbitMQ only: returns (redeliveries) of one message before its quorum queue
+#: dead-letters it. A backstop above the guard's own limit (``guard.MAX_ATTEMPTS``, 3):
+#: the guard ends a poison invocation after 3 returns, a chunk holding three of them
+#: after 9; only a message that never reaches the guard (it ends its worker before
+#: the task runs) or comes back more often than that gets here.
+DELIVERY_LIMIT = 10
 
 #: Prefix of the keys where batch bookkeeping lives in the result backend's Redis.
 BATCH_KEY_PREFIX = "cleveragents:batch:"
@@ -30,6 +39,12 @@ DEAD_LETTER_LIMIT = 10_000
 INVOCATIONS_KEY = "cleveragents:metrics:invocations"
 #: Redis hash of invocation durations: histogram buckets and ``sum:`` totals.
 DURATIONS_KEY = "cleveragents:metrics:durations"
+#: Redis hash of the messages workers hold: delivery tag -> holder (``cleveragents.liveness``).
+HELD_KEY = "cleveragents:held"
+#: Prefix of a holder's heartbeat key; the key expires when the holder stops beating.
+ALIVE_KEY_PREFIX = "cleveragents:alive:"
+#: The Redis lock one worker takes to give back what dead holders held.
+REAPER_KEY = "cleveragents:reaper"
 
 #: Largest arguments accepted, in bytes of their JSON.
 MAX_REQUEST_BYTES = 1_000_000

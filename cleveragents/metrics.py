@@ -9,7 +9,9 @@ that is killed outright loses at most its last ``FLUSH_S`` of counts. A worker
 starts every catalogue tool's series at zero (``MetricsRecorder.start``), so the
 first invocation of a tool is an increase that ``increase()`` and ``rate()`` see.
 The ``cleveragents metrics`` exporter reads those, plus the length of every queue
-and the age of its oldest waiting message, and serves them at ``/metrics``.
+and the age of its oldest waiting message (``QueueGauges``: Redis lists, or RabbitMQ
+queues, whose ages cannot be read: ``cleveragents.rabbitmq``), and serves them at
+``/metrics``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from cleveragents.constants import (
     QUEUE_BATCH,
@@ -40,6 +42,8 @@ __all__ = [
     "REASONS",
     "ZERO_SERIES",
     "MetricsRecorder",
+    "QueueGauges",
+    "RedisQueues",
     "reason_label",
     "render",
     "zero_counts",
@@ -77,6 +81,7 @@ BUCKETS = (
 FLUSH_S = 1.0
 #: Longest a process's last flush may take at its exit (a store that is away).
 CLOSE_WAIT_S = 5.0
+#: The queues whose length and oldest age are exported.
 QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
 
 #: Every ``details["reason"]`` that becomes a ``reason`` label as it is; any other
@@ -275,6 +280,33 @@ def _labels(**labels: str) -> str:
     return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
 
 
+class QueueGauges(Protocol):
+    """What the broker tells of its queues: one implementation per broker kind."""
+
+    def lengths(self) -> dict[str, int]:
+        """Messages waiting in each queue."""
+        ...
+
+    def oldest_ages(self, now: float) -> dict[str, float]:
+        """Seconds the oldest waiting message of each queue has waited, where it is known."""
+        ...
+
+
+class RedisQueues:
+    """The skill queues of kombu's Redis transport: one Redis list each."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def lengths(self) -> dict[str, int]:
+        """``LLEN`` of each queue."""
+        return {q: int(self.redis.llen(q)) for q in QUEUES}
+
+    def oldest_ages(self, now: float) -> dict[str, float]:
+        """The age of each queue's tail message, from the header its producer set."""
+        return {q: _oldest_age(self.redis, q, now) for q in QUEUES}
+
+
 def _oldest_age(redis: Any, queue: str, now: float) -> float:
     raw = redis.lindex(queue, -1)  # LPUSH in, BRPOP out: the oldest is at the tail
     if raw is None:
@@ -297,22 +329,28 @@ def _fields(raw: str, arity: int) -> list[str] | None:
     return [str(v) for v in value]
 
 
-def render(redis: Any) -> str:
-    """Every metric, in the Prometheus text exposition format."""
+def render(redis: Any, queues: QueueGauges | None = None) -> str:
+    """Every metric, in the Prometheus text exposition format.
+
+    ``redis`` holds the invocation counters; ``queues`` reads the broker's queues (by
+    default the Redis lists of ``redis``). A queue whose oldest age is not known has
+    no age sample: none at all is better than a 0 that looks like an empty queue.
+    """
+    queues = RedisQueues(redis) if queues is None else queues
     now = time.time()
     lines = [
         "# HELP cleveragents_queue_length Messages waiting in a queue (a batch chunk counts once).",
         "# TYPE cleveragents_queue_length gauge",
     ]
-    lengths = {q: int(redis.llen(q)) for q in QUEUES}
+    lengths = queues.lengths()
     lines += [f"cleveragents_queue_length{_labels(queue=q)} {n}" for q, n in lengths.items()]
     lines += [
         "# HELP cleveragents_queue_oldest_age_seconds Age of the oldest waiting message.",
         "# TYPE cleveragents_queue_oldest_age_seconds gauge",
     ]
     lines += [
-        f"cleveragents_queue_oldest_age_seconds{_labels(queue=q)} {_oldest_age(redis, q, now):.3f}"
-        for q in QUEUES
+        f"cleveragents_queue_oldest_age_seconds{_labels(queue=q)} {age:.3f}"
+        for q, age in queues.oldest_ages(now).items()
     ]
     counts = RedisMetricStore(redis).totals()
     lines += _invocations(counts)

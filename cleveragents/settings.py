@@ -126,6 +126,8 @@ class Settings:
     default_timeout_s: float
     log_format: str
     visibility_timeout_s: float = 900.0
+    #: Redis: a dead worker's invocations are handed out again within this many seconds.
+    recovery_s: float = 30.0
     result_expires_s: float = 7 * 24 * 3600.0
     #: Modules that register tool kinds, imported before the catalogue loads.
     tool_kinds: tuple[str, ...] = ()
@@ -170,6 +172,7 @@ class Settings:
             default_timeout_s=_positive_float(env, "CLEVERAGENTS_DEFAULT_TIMEOUT_S", 300.0),
             log_format=log_format,
             visibility_timeout_s=_positive_float(env, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S", 900.0),
+            recovery_s=_positive_float(env, "CLEVERAGENTS_RECOVERY_S", 30.0),
             result_expires_s=_positive_float(env, "CLEVERAGENTS_RESULT_EXPIRES_S", 7 * 24 * 3600.0),
             tool_kinds=tool_kind_modules(env),
             remote_control=_flag(env, "CLEVERAGENTS_REMOTE_CONTROL", False),

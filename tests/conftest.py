@@ -1,15 +1,18 @@
-"""Shared fixtures: a real Redis (failing, never skipping, when it is down) and real workers."""
+"""Shared fixtures: a real Redis (failing, never skipping, when it is down), a real
+RabbitMQ (a virtual host per test), and real workers."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
 
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
+from tests import rabbit
 from tests.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, RedisServer, Worker
 
 #: Set to use an existing Redis (e.g. redis://127.0.0.1:6379/11) instead of a private one.
@@ -53,11 +56,70 @@ def redis_url(session_redis_url: str) -> Iterator[str]:
     client.close()
 
 
-def worker_env(broker: str, *, read_only: bool = False, **extra: str) -> dict[str, str]:
-    """The environment of a test worker on ``broker`` with the test and example catalogues."""
+@pytest.fixture(scope="session")
+def rabbitmq() -> Iterator[rabbit.Rabbit]:
+    """This machine's RabbitMQ: skipped where it is not installed, except in CI (failed)."""
+    problem = rabbit.missing()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{problem}; CI runs the RabbitMQ tests")
+        pytest.skip(problem)
+    if not rabbit.listening():
+        pytest.fail(f"RabbitMQ is installed but not listening on {rabbit.HOST}:{rabbit.PORT}")
+    server = rabbit.Rabbit()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def rabbit_url(rabbitmq: rabbit.Rabbit) -> Iterator[str]:
+    """A fresh RabbitMQ virtual host for this test (deleted after it), as an AMQP URL."""
+    with rabbitmq.vhost() as url:
+        yield url
+
+
+@dataclass(frozen=True)
+class Broker:
+    """Where a test's invocations travel (``url``) and where their results go (``backend``)."""
+
+    kind: str  # "redis" or "rabbitmq"
+    url: str
+    backend: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The two settings of a producer or exporter on this broker."""
+        return {"CLEVERAGENTS_BROKER_URL": self.url, "CLEVERAGENTS_RESULT_BACKEND": self.backend}
+
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Each broker in turn: Redis alone, then RabbitMQ with the Redis as result backend."""
+    if request.param == "redis":
+        return Broker("redis", redis_url, redis_url)
+    return Broker("rabbitmq", request.getfixturevalue("rabbit_url"), redis_url)
+
+
+@pytest.fixture
+def broker_client(broker: Broker) -> Iterator[SkillClient]:
+    """A producer client on ``broker``."""
+    with SkillClient(settings=broker.settings()) as producer:
+        yield producer
+
+
+def worker_env(
+    broker: str, *, read_only: bool = False, backend: str | None = None, **extra: str
+) -> dict[str, str]:
+    """The environment of a test worker on ``broker`` with the test and example catalogues.
+
+    Results go to ``backend``, by default the broker itself (a Redis).
+    """
     env = {
         "CLEVERAGENTS_BROKER_URL": broker,
-        "CLEVERAGENTS_RESULT_BACKEND": broker,
+        "CLEVERAGENTS_RESULT_BACKEND": backend or broker,
         "CLEVERAGENTS_CATALOGUE": os.pathsep.join([str(FIXTURE_SKILLS), str(EXAMPLE_SKILLS)]),
         "CLEVERAGENTS_READ_ONLY": "1" if read_only else "0",
     }
@@ -71,7 +133,7 @@ def start_worker() -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
     def start(
-        broker: str,
+        broker: str | Broker,
         *,
         read_only: bool = False,
         concurrency: int = 2,
@@ -79,8 +141,9 @@ def start_worker() -> Iterator[Callable[..., Worker]]:
         extra: tuple[str, ...] = (),
         **env: str,
     ) -> Worker:
+        url, backend = (broker, None) if isinstance(broker, str) else (broker.url, broker.backend)
         worker = Worker(
-            worker_env(broker, read_only=read_only, **env),
+            worker_env(url, read_only=read_only, backend=backend, **env),
             concurrency=concurrency,
             queues=queues,
             extra=extra,

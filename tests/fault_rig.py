@@ -33,6 +33,9 @@ POISON = "test/poison"
 #: Seconds before Redis hands an unacknowledged message to another consumer (worker and
 #: producer alike): short, so that what a killed worker held comes back quickly.
 VISIBILITY_S = 4.0
+#: CLEVERAGENTS_RECOVERY_S of the rig's workers: a dead worker's messages come back within
+#: it (cleveragents/redis_transport.py), whatever the visibility timeout.
+RECOVERY_S = 4.0
 
 
 # --------------------------------------------------------------------------- helpers
@@ -87,12 +90,25 @@ class Records:
 
 
 class Rig:
-    """A private redis-server with persistence, workers and clients; all ended by PID on close."""
+    """A private redis-server with persistence, workers and clients; all ended by PID on close.
 
-    def __init__(self, root: Path, *, visibility_s: float = VISIBILITY_S) -> None:
+    The redis-server is the broker too, unless ``broker`` names another (RabbitMQ):
+    then it holds the results only.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        visibility_s: float | None = VISIBILITY_S,
+        broker: str | None = None,
+        recovery_s: float | None = RECOVERY_S,
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        self.visibility_s = visibility_s
+        self.visibility_s = visibility_s  # None: the default (as for recovery_s)
+        self.recovery_s = recovery_s
+        self.broker = broker
         self.records = Records(root / "records")
         self.redis = RedisServer(persistence=True)
         self.workers: list[Worker] = []
@@ -105,25 +121,34 @@ class Rig:
 
     def start_worker(self, *, concurrency: int = 2, url: str | None = None) -> Worker:
         env = worker_env(
-            url or self.url,
-            CLEVERAGENTS_VISIBILITY_TIMEOUT_S=f"{self.visibility_s:g}",
+            url or self.broker or self.url,
+            backend=self.url if self.broker else None,  # else the broker's own Redis
             CLEVERAGENTS_HOME=str(self.root / "home"),
         )
-        worker = Worker(env, concurrency=concurrency)
+        worker = Worker({**env, **self._timing()}, concurrency=concurrency)
         self.workers.append(worker)
         return worker.start()
 
     def client(self) -> SkillClient:
         settings = Settings.from_env(
             {
-                "CLEVERAGENTS_BROKER_URL": self.url,
-                "CLEVERAGENTS_VISIBILITY_TIMEOUT_S": f"{self.visibility_s:g}",
+                "CLEVERAGENTS_BROKER_URL": self.broker or self.url,
+                "CLEVERAGENTS_RESULT_BACKEND": self.url,
                 "CLEVERAGENTS_HOME": str(self.root / "home"),
+                **self._timing(),
             }
         )
         client = SkillClient(settings=settings)
         self.clients.append(client)
         return client
+
+    def _timing(self) -> dict[str, str]:
+        """The visibility timeout and recovery time the rig sets (None: left at the default)."""
+        timing = {
+            "CLEVERAGENTS_VISIBILITY_TIMEOUT_S": self.visibility_s,
+            "CLEVERAGENTS_RECOVERY_S": self.recovery_s,
+        }
+        return {name: f"{value:g}" for name, value in timing.items() if value is not None}
 
     def stop_redis(self, sig: int = signal.SIGKILL) -> None:
         self.redis.stop(sig)
@@ -164,9 +189,15 @@ class Rig:
 
 
 @contextlib.contextmanager
-def rig(root: Path, *, visibility_s: float = VISIBILITY_S) -> Iterator[Rig]:
+def rig(
+    root: Path,
+    *,
+    visibility_s: float | None = VISIBILITY_S,
+    broker: str | None = None,
+    recovery_s: float | None = RECOVERY_S,
+) -> Iterator[Rig]:
     """A ``Rig`` that is closed (every process killed by PID) whatever happens."""
-    made = Rig(root, visibility_s=visibility_s)
+    made = Rig(root, visibility_s=visibility_s, broker=broker, recovery_s=recovery_s)
     try:
         yield made
     finally:

@@ -308,12 +308,14 @@ def scenario_duplicate_submission(
 
 
 def scenario_outlive_visibility(r: Rig, *, sleep_s: float) -> dict[str, Any]:
-    """A non-idempotent write that sleeps past the visibility timeout; Redis redelivers it.
+    """A non-idempotent write that sleeps past the visibility timeout, on a live worker.
 
     Worker A (one process) runs it. Once the visibility timeout has passed, worker B
-    starts: its start-up sweep hands the still-unacknowledged message out again (to B,
-    as A's only process is busy).
+    starts, whose start-up sweep would hand the still-unacknowledged message out again
+    (to B, as A's only process is busy) if A did not hold it alive: with kombu's own
+    transport it did.
     """
+    assert r.visibility_s is not None, "a visibility timeout to outlive"
     r.start_worker(concurrency=1)
     client = r.client()
     key = f"slow-{os.urandom(3).hex()}"
@@ -321,9 +323,8 @@ def scenario_outlive_visibility(r: Rig, *, sleep_s: float) -> dict[str, Any]:
     wait_until(lambda: r.records.counts()[key] > 0, 20, "the write to start")
     time.sleep(r.visibility_s + 0.5)
     r.start_worker(concurrency=1)
-    wait_until(lambda: deliveries(r.workers, key) >= 2, sleep_s + 10, "Redis to redeliver it")
     result = client.wait(key, timeout=sleep_s + 30)
-    time.sleep(1.0)  # the redelivery stores its answer after the first run's
+    time.sleep(1.0)  # a redelivery would have been received, and answered, by now
     return {
         "result": result,
         "final": client.get(key),
@@ -386,3 +387,97 @@ def scenario_poison_in_batch(
     if not worker.alive():
         outcome.notes.append("the worker process exited")
     return outcome
+
+
+def scenario_dead_worker(
+    r: Rig, *, tools: tuple[str, ...], sleep_s: float = 30.0, deadline_s: float = 60.0
+) -> dict[str, Any]:
+    """A worker running one long invocation of each tool is SIGKILLed whole; a new one starts.
+
+    Each tool sleeps ``sleep_s`` on its first run only, so a rerun ends at once. The new
+    worker starts right after the kill. Returns, per tool: its stored result, the pids
+    that ran it and the deliveries the guard counted; the new worker's pool processes;
+    and ``recover_s``, from the kill to every result stored (None when some were still
+    missing after ``deadline_s``).
+    """
+    first = r.start_worker(concurrency=len(tools))
+    client = r.client()
+    path = r.records.path
+    keys = {tool: f"dead-{tool.split('/')[1]}-{os.urandom(3).hex()}" for tool in tools}
+    for tool, key in keys.items():
+        submit(client, request(tool, key, path, sleep_s=sleep_s, first_only=True))
+    wait_until(lambda: set(keys.values()) <= set(r.records.counts()), 30, "every tool to start")
+    assert first.proc is not None
+    kill_group(first.proc)
+    first.proc.wait(10)
+    killed = time.monotonic()
+    second = r.start_worker(concurrency=len(tools))
+    results = wait_results(client, list(keys.values()), deadline_s)
+    recover_s = time.monotonic() - killed if all(results.values()) else None
+    time.sleep(0.5)  # a redelivery that is still going would show in the records
+    return {
+        "recover_s": recover_s,
+        "second_pids": set(second.child_pids()),
+        **{
+            tool: {
+                "result": results[key],
+                "pids": r.records.pids(key),
+                "counted": r.attempts(key),
+            }
+            for tool, key in keys.items()
+        },
+    }
+
+
+def scenario_live_long_tool(r: Rig, *, tool: str, sleep_s: float) -> dict[str, Any]:
+    """One invocation that runs ``sleep_s`` on a live worker, with an idle second worker by.
+
+    Returns its result, the pids that ran it, and how many times each worker received it.
+    """
+    runner = r.start_worker(concurrency=1)
+    client = r.client()
+    key = f"long-{os.urandom(3).hex()}"
+    started = time.monotonic()
+    submit(client, request(tool, key, r.records.path, sleep_s=sleep_s))
+    wait_until(lambda: r.records.counts()[key] > 0, 20, "the tool to start")
+    idle = r.start_worker(concurrency=1)
+    result = client.wait(key, timeout=sleep_s + 30)
+    elapsed = time.monotonic() - started
+    time.sleep(1.0)  # a late redelivery would be received by now
+    return {
+        "result": result,
+        "elapsed_s": elapsed,
+        "runs": r.records.counts()[key],
+        "received": [deliveries([w], key) for w in (runner, idle)],
+    }
+
+
+def scenario_frozen_worker(r: Rig, *, sleep_s: float, frozen_s: float) -> dict[str, Any]:
+    """A non-idempotent write whose worker's main process is frozen (SIGSTOP) while it runs.
+
+    The frozen process stops beating, so it looks dead and its message is handed to a
+    second worker, while its pool process (not frozen) goes on with the write: a worker
+    cut off from Redis, or paused, for longer than its liveness allows. The main process
+    is let go (SIGCONT) after ``frozen_s``.
+    """
+    first = r.start_worker(concurrency=1)
+    client = r.client()
+    key = f"frozen-{os.urandom(3).hex()}"
+    submit(client, request(WRITE, key, r.records.path, sleep_s=sleep_s))
+    wait_until(lambda: r.records.counts()[key] > 0, 20, "the write to start")
+    assert first.proc is not None
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    try:
+        r.start_worker(concurrency=1)
+        wait_until(lambda: deliveries(r.workers, key) >= 2, frozen_s, "the write handed out again")
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+    result = client.wait(key, timeout=sleep_s + 30)
+    time.sleep(1.0)  # the redelivery stores its answer after the first run's
+    return {
+        "result": result,
+        "final": client.get(key),
+        "runs": r.records.counts()[key],
+        "deliveries": deliveries(r.workers, key),
+        "counted": r.attempts(key),
+    }

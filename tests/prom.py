@@ -14,16 +14,19 @@ from tests.procs import REPO
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def exporter_env(url: str) -> dict[str, str]:
-    """The environment of an exporter reading the Redis at ``url``."""
-    return {**os.environ, "CLEVERAGENTS_BROKER_URL": url, "PYTHONPATH": str(REPO)}
+def exporter_env(url: str, backend: str | None = None) -> dict[str, str]:
+    """The environment of an exporter on the broker at ``url`` (results: ``backend``)."""
+    env = {**os.environ, "CLEVERAGENTS_BROKER_URL": url, "PYTHONPATH": str(REPO)}
+    if backend is not None:
+        env["CLEVERAGENTS_RESULT_BACKEND"] = backend
+    return env
 
 
-def scrape_text(url: str) -> str:
-    """What ``cleveragents metrics --once`` prints for the Redis at ``url``."""
+def scrape_text(url: str, backend: str | None = None) -> str:
+    """What ``cleveragents metrics --once`` prints for the broker at ``url``."""
     done = subprocess.run(
         [sys.executable, "-m", "cleveragents", "metrics", "--once"],
-        env=exporter_env(url),
+        env=exporter_env(url, backend),
         capture_output=True,
         text=True,
         check=True,
@@ -41,9 +44,9 @@ def parse(text: str) -> Samples:
     return samples
 
 
-def scrape(url: str) -> Samples:
-    """Every sample the exporter serves for the Redis at ``url``."""
-    return parse(scrape_text(url))
+def scrape(url: str, backend: str | None = None) -> Samples:
+    """Every sample the exporter serves for the broker at ``url`` (results: ``backend``)."""
+    return parse(scrape_text(url, backend))
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

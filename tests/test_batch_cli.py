@@ -1,7 +1,8 @@
 """``cleveragents batch``: run, resume, submit, status and results, through the real console script.
 
 Every test talks to a real Redis and real worker processes, except the embedded
-default, which has no server at all (only ``CLEVERAGENTS_HOME``).
+default, which has no server at all (only ``CLEVERAGENTS_HOME``). The tests that take
+a ``broker`` run on RabbitMQ too, with the Redis as result backend.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.conftest import Broker
 from tests.procs import FIXTURE_SKILLS, REPO, Worker, kill_group, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -128,13 +130,13 @@ def stored_results(redis_url: str) -> int:
 
 
 def test_a_mixed_batch_writes_one_result_per_line_in_input_order_and_exits_1(
-    redis_url: str, start_worker: StartWorker, tmp_path: Path
+    broker: Broker, start_worker: StartWorker, tmp_path: Path
 ) -> None:
-    start_worker(redis_url)
+    start_worker(broker)
     batch = write_jsonl(tmp_path / "mixed.jsonl", [line for line, _ in MIXED])
     out = tmp_path / "out.jsonl"
 
-    done = run_cli("batch", "run", str(batch), "--out", str(out), env=cli_env(redis_url))
+    done = run_cli("batch", "run", str(batch), "--out", str(out), env=cli_env(**broker.env))
 
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
@@ -303,13 +305,14 @@ def _assert_complete_and_once(out: Path, count_file: Path, keys: list[str]) -> N
 
 
 def test_a_killed_run_resumes_without_running_stored_requests_again(
-    redis_url: str, start_worker: StartWorker, tmp_path: Path
+    broker: Broker, start_worker: StartWorker, tmp_path: Path
 ) -> None:
-    start_worker(redis_url, concurrency=2)
+    redis_url = broker.backend  # where the results are stored
+    start_worker(broker, concurrency=2)
     count_file = tmp_path / "count"
     batch, keys = _resume_file(tmp_path, count_file, 300)
     out = tmp_path / "out.jsonl"
-    env = cli_env(redis_url)
+    env = cli_env(**broker.env)
 
     # Given a run killed (with everything it started) once some results are stored
     run = _start_run(batch, out, env)

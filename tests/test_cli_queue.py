@@ -13,6 +13,7 @@ import pytest
 
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
+from tests.conftest import Broker
 from tests.procs import REPO, Worker
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,11 +35,11 @@ def run_cli(
     )
 
 
-def test_submit_then_result_through_redis(
-    redis_url: str, start_worker: Callable[..., Worker]
+def test_submit_then_result_through_the_broker(
+    broker: Broker, start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(redis_url)
-    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    start_worker(broker)
+    env = broker.env
     submitted = run_cli(
         "submit",
         "local/text-tools",
@@ -62,10 +63,10 @@ def test_submit_then_result_through_redis(
 
 
 def test_a_failed_invocation_exits_1_with_its_error(
-    redis_url: str, start_worker: Callable[..., Worker]
+    broker: Broker, start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(redis_url)
-    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    start_worker(broker)
+    env = broker.env
     done = run_cli(
         "submit",
         "local/notes",
@@ -109,6 +110,17 @@ def test_result_of_an_id_never_submitted_says_so(redis_url: str) -> None:
     assert human.returncode == 2
     assert "no invocation never-submitted is known" in human.stderr
     assert "nothing was submitted under this id" in human.stderr
+
+
+def test_result_of_an_id_never_submitted_is_pending_on_rabbitmq(
+    rabbit_url: str, redis_url: str
+) -> None:
+    # RabbitMQ cannot be searched without taking its messages (cleveragents/queued.py):
+    # an id neither stored nor bound may still wait there, so it is pending, not unknown.
+    env = {"CLEVERAGENTS_BROKER_URL": rabbit_url, "CLEVERAGENTS_RESULT_BACKEND": redis_url}
+    done = run_cli("result", "never-submitted", "--json", env=env)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout) == {"request_id": "never-submitted", "state": "PENDING"}
 
 
 def test_result_of_an_id_still_queued_is_pending(redis_url: str) -> None:

@@ -87,6 +87,8 @@ def test_default_services_and_profiles() -> None:
     assert unprofiled == DEFAULT_SERVICES
     assert services["worker-readonly"]["profiles"] == ["readonly"]
     assert services["producer"]["profiles"] == ["producer"]
+    # RabbitMQ as broker: docker-compose.rabbitmq.yml too (tests/test_compose_rabbitmq.py)
+    assert services["rabbitmq"]["profiles"] == ["rabbitmq"]
 
 
 # ---- .env.example --------------------------------------------------------------------------

@@ -227,14 +227,15 @@ def test_a_write_submitted_four_times_while_it_runs_keeps_its_result(fault_rig: 
 
 
 @pytest.mark.timeout(60)
-def test_a_write_outliving_the_visibility_timeout_is_executed_once(
+def test_a_write_outliving_the_visibility_timeout_is_not_handed_out_again(
     short_visibility_rig: Rig,
 ) -> None:
     seen = scenario_outlive_visibility(short_visibility_rig, sleep_s=7.0)
 
-    assert seen["deliveries"] >= 2  # Redis did hand it out again while it ran
-    # Deliveries that find the first run alive are not counted towards poison: the
-    # result below is the first run's success, not a poison_message failure.
+    # Its worker is alive and holds it: the visibility timeout is only the last resort
+    # for messages nobody holds (a write handed out again all the same, by a worker that
+    # only looked dead, still runs once: test_recovery.py).
+    assert seen["deliveries"] == 1, seen
     assert seen["runs"] == 1
     assert seen["result"].success, seen
     assert seen["final"] == seen["result"]

@@ -1,4 +1,8 @@
-"""The queue path end to end: a real Redis, real worker processes, the producer client."""
+"""The queue path end to end: a real Redis, real worker processes, the producer client.
+
+The tests that take a ``broker`` run twice: on Redis, and on RabbitMQ (a virtual host
+of their own) with the Redis as result backend.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import pytest
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_READ, QUEUE_WRITE, TASK_INVOKE
 from cleveragents.skills import SkillErrorType
+from tests.conftest import Broker
 from tests.procs import Worker
+from tests.rabbit import queue_state
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -19,9 +25,10 @@ StartWorker = Callable[..., Worker]
 
 
 def test_a_successful_invocation_round_trips_through_a_worker(
-    client: SkillClient, redis_url: str, start_worker: StartWorker
+    broker: Broker, broker_client: SkillClient, start_worker: StartWorker
 ) -> None:
-    start_worker(redis_url)
+    client = broker_client
+    start_worker(broker)
     handle = client.submit("local/text-tools", "local/word-count", {"text": "one two three"})
     result = handle.result(timeout=30)
     assert result.success, result.error
@@ -70,13 +77,13 @@ def test_each_failure_kind_comes_back_as_a_skill_result(
 
 
 def test_a_read_only_worker_refuses_writes_even_when_the_request_allows_them(
-    client: SkillClient, redis_url: str, start_worker: StartWorker, tmp_path: Path
+    broker: Broker, broker_client: SkillClient, start_worker: StartWorker, tmp_path: Path
 ) -> None:
     # Given a read-only worker made to consume the write queue as well
-    start_worker(redis_url, read_only=True, queues=f"{QUEUE_READ},{QUEUE_WRITE}")
+    start_worker(broker, read_only=True, queues=f"{QUEUE_READ},{QUEUE_WRITE}")
     counter = tmp_path / "count"
     # When a write is submitted with allow_writes
-    result = client.submit(
+    result = broker_client.submit(
         "test/basic", "test/count-write", {"path": str(counter)}, allow_writes=True
     ).result(timeout=30)
     # Then it is refused by the worker's gate and the tool never ran
@@ -87,9 +94,10 @@ def test_a_read_only_worker_refuses_writes_even_when_the_request_allows_them(
 
 
 def test_a_read_only_worker_does_not_consume_the_write_queue(
-    client: SkillClient, redis_url: str, start_worker: StartWorker, tmp_path: Path
+    broker: Broker, broker_client: SkillClient, start_worker: StartWorker, tmp_path: Path
 ) -> None:
-    start_worker(redis_url, read_only=True)
+    client = broker_client
+    start_worker(broker, read_only=True)
     write = client.submit(
         "test/basic", "test/count-write", {"path": str(tmp_path / "c")}, allow_writes=True
     )
@@ -97,6 +105,9 @@ def test_a_read_only_worker_does_not_consume_the_write_queue(
     assert read.result(timeout=30).success
     assert client.get(write.request_id) is None
     assert client.state(write.request_id) == "PENDING"
+    if broker.kind == "rabbitmq":  # the write waits in its queue, which nobody consumes
+        assert queue_state(broker.url, QUEUE_WRITE) == (1, 0)
+        assert queue_state(broker.url, QUEUE_READ)[1] == 1
 
 
 def test_the_request_flag_is_honoured_through_the_queue(

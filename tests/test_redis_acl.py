@@ -328,8 +328,9 @@ def test_a_readonly_worker_puts_back_a_dead_workers_write_which_a_worker_then_ru
     server = RedisWithUsers().start()
     with ExitStack() as stack:
         stack.callback(server.stop)
-        # Past this, an unacknowledged message is put back: well beyond the 2 s run below.
-        fast = {"CLEVERAGENTS_VISIBILITY_TIMEOUT_S": "6"}
+        # A dead worker's message is put back within the recovery time (the visibility
+        # timeout is the last resort): both well beyond the 2 s run below.
+        fast = {"CLEVERAGENTS_VISIBILITY_TIMEOUT_S": "6", "CLEVERAGENTS_RECOVERY_S": "6"}
         client = stack.enter_context(_client(server, tmp_path))
         # Given a worker that dies while it runs an invocation from the write queue
         first = stack.enter_context(compose_worker(server, "worker", tmp_path / "w1", **fast))
@@ -341,7 +342,7 @@ def test_a_readonly_worker_puts_back_a_dead_workers_write_which_a_worker_then_ru
         kill_group(first, signal.SIGKILL)
         first.wait(10)
         assert admin.hlen("unacked") == 1
-        # When only a read-only worker is left, past the visibility timeout
+        # When only a read-only worker is left, past the recovery time
         stack.enter_context(compose_worker(server, "worker-readonly", tmp_path / "ro", **fast))
         # Then it puts the message back on the write queue, which it does not consume
         wait_until(lambda: admin.llen("skills.write") == 1, 30, "the message put back")

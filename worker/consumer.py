@@ -45,23 +45,42 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
     """A consumer that answers a bad message with a ``validation_error`` result."""
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc,valid-type]
-        """Celery's consumer steps, with remote control guarded (worker/control.py)."""
+        """Celery's consumer steps, with remote control guarded (worker/control.py).
+
+        Without native delayed delivery: Celery adds it on RabbitMQ with quorum queues,
+        where it declares 28 exchanges and 28 quorum queues per virtual host, and binds
+        the skill queues to them, for messages with an ETA. No skill message has one:
+        the worker drops ``eta`` and ``countdown`` (worker/admission.py).
+        """
 
         default_steps = [
             "worker.control:GuardedControl"
             if step == "celery.worker.consumer.control:Control"
             else step
             for step in Consumer.Blueprint.default_steps
+            if step != "celery.worker.consumer.delayed_delivery:DelayedDelivery"
         ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         refuse_compressed_bodies()  # at worker start, in the process that decodes messages
         super().__init__(*args, **kwargs)
+        if state.current().settings.read_only:
+            self._leave_write_queues()
         # With message signing on, signed messages are the only ones admitted.
         self.signed_only = self.app.conf.task_serializer == SIGNED_SERIALIZER
         self.admitted_content_type = (
             SIGNED_CONTENT_TYPE if self.signed_only else ACCEPTED_CONTENT_TYPE
         )
+
+    def _leave_write_queues(self) -> None:
+        # On RabbitMQ every process knows all four skill queues (a queue's arguments are
+        # fixed by whoever declares it first, so each declaration must be the same), and
+        # a read-only worker starts without the write queues here. On Redis its queues
+        # hold none (celery_settings._queues): nothing to leave. A worker told to
+        # consume a write queue with -Q still does (and its gate refuses every write).
+        queues = self.app.amqp.queues
+        if set(queues.consume_from) == set(queues):  # Celery's default: no -Q given
+            queues.deselect([name for name in WRITE_QUEUES if name in queues])
 
     def add_task_queue(self, queue: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """Consume one more queue; a read-only worker never takes a write queue."""

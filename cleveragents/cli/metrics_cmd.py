@@ -9,7 +9,9 @@ import click
 import redis
 
 from cleveragents.cli.render import CliFailure
-from cleveragents.metrics import render
+from cleveragents.constants import QUEUE_DEAD
+from cleveragents.metrics import QUEUES, QueueGauges, render
+from cleveragents.rabbitmq import RabbitQueues, uses_amqp
 from cleveragents.settings import Settings
 
 __all__ = ["metrics"]
@@ -18,8 +20,18 @@ __all__ = ["metrics"]
 def _redis(settings: Settings) -> Any:
     url = settings.result_backend or settings.broker_url
     if not url or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise CliFailure("metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL")
+        raise CliFailure(
+            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL, or with "
+            "RabbitMQ as broker CLEVERAGENTS_RESULT_BACKEND"
+        )
     return redis.Redis.from_url(url, socket_timeout=10)
+
+
+def _queues(settings: Settings) -> QueueGauges | None:
+    # RabbitMQ's queues are read from RabbitMQ, skills.dead included; None: the Redis lists.
+    if uses_amqp(settings):
+        return RabbitQueues(settings.broker_url or "", (*QUEUES, QUEUE_DEAD))
+    return None
 
 
 @click.command()
@@ -33,12 +45,16 @@ def _redis(settings: Settings) -> Any:
 @click.option("--once", is_flag=True, help="Print the metrics once and exit.")
 def metrics(port: int, host: str, once: bool) -> None:
     """Export queue lengths, oldest waiting ages, invocations and durations for Prometheus."""
-    client = _redis(Settings.from_env())
+    settings = Settings.from_env()
+    client = _redis(settings)
+    queues = _queues(settings)
     if once:
         try:
-            click.echo(render(client), nl=False)
+            click.echo(render(client, queues), nl=False)
         except redis.RedisError as exc:
             raise CliFailure(f"cannot read metrics from Redis: {exc}") from None
+        except ConnectionError as exc:
+            raise CliFailure(str(exc)) from None
         return
 
     class Handler(BaseHTTPRequestHandler):
@@ -47,9 +63,12 @@ def metrics(port: int, host: str, once: bool) -> None:
                 self.send_error(404)
                 return
             try:
-                body = render(client).encode()
+                body = render(client, queues).encode()
             except redis.RedisError as exc:
                 self.send_error(503, f"Redis: {exc}")
+                return
+            except ConnectionError as exc:  # RabbitMQ's queues (its message says so)
+                self.send_error(503, str(exc))
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,244 @@
+"""kombu's Redis transport, with a dead worker's messages handed out again within seconds.
+
+Selected by class path (Celery's ``broker_transport``) for ``redis://`` and
+``rediss://`` brokers (``cleveragents.celery_settings``): kombu's table of transport
+aliases stays as kombu ships it, and the URL's host, port, database, user,
+password and TLS options are read as before. What changes, on the consuming side
+only (a producer publishes exactly as with kombu's transport):
+
+* a delivery records its holder (``cleveragents.liveness``) in the same ``MULTI``
+  as kombu's unacked record, and an ack, a reject or a restore removes it with
+  kombu's record;
+* a consuming process beats for its holders, and every ``reap_s`` one worker
+  gives back the messages of holders that stopped beating (``QoS.reap``), the
+  way kombu restores a message: to the head of its queue, marked redelivered;
+* kombu's visibility-timeout sweep passes by a message whose holder is alive
+  (its tool may run for hours): the timeout is only the last resort for
+  messages nobody holds (a consumer on kombu's own transport).
+
+Written for kombu 5.7's ``kombu.transport.redis``; ``tests/test_recovery.py`` checks
+each of the private methods it builds on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any, cast
+
+import redis
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
+from kombu.utils.objects import cached_property
+
+from cleveragents.constants import HELD_KEY, REAPER_KEY
+from cleveragents.liveness import (
+    Heartbeat,
+    RecoveryTiming,
+    alive_key,
+    new_holder_id,
+    process_heartbeat,
+)
+
+__all__ = ["Channel", "QoS", "Transport"]
+
+log = logging.getLogger("cleveragents.recovery")
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS, recording who holds each message and giving back the dead's."""
+
+    channel: Channel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: This channel's holder id; its messages are its own until it stops beating.
+        self.holder = new_holder_id()
+        self._heartbeat: Heartbeat | None = None
+        self._reaped_at = float("-inf")
+        self._sweeping = False
+
+    @property
+    def timing(self) -> RecoveryTiming:
+        """The recovery timing of the channel's ``recovery_s``."""
+        return self.channel.recovery_timing
+
+    def hold(self) -> Heartbeat:
+        """This channel's holder beats from now on; the process's heartbeat."""
+        if self._heartbeat is None:
+            self._heartbeat = process_heartbeat(self.channel.heartbeat_client, self.timing)
+        self._heartbeat.hold(self.holder)
+        return self._heartbeat
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        """Record the delivered message as kombu does, with its holder and a heartbeat."""
+        if self._heartbeat is None:
+            self.hold()
+        delivery = message.delivery_info
+        exchange, routing_key = delivery["exchange"], delivery["routing_key"]
+        with self.pipe_or_acquire() as pipe:
+            # One MULTI: nobody ever sees the message held by a holder that has no key.
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
+                self.unacked_key, delivery_tag, dumps([message._raw, exchange, routing_key])
+            ).hset(HELD_KEY, delivery_tag, self.holder).set(
+                alive_key(self.holder), "1", px=self.timing.ttl_ms
+            ).execute()
+            virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        # kombu's ack, reject and restore all go through here: the holder goes with them.
+        # (A private method of kombu's QoS, absent from kombu's stubs.)
+        removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
+        return removed.hdel(HELD_KEY, delivery_tag)
+
+    def restore_unacked_once(self, stderr: Any = None) -> Any:
+        """Restore what is still held (kombu, at channel close); then stop beating for it."""
+        try:
+            return super().restore_unacked_once(stderr)
+        finally:
+            if self._heartbeat is not None:
+                self._heartbeat.release(self.holder)
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """Give back dead holders' messages, then run kombu's visibility-timeout sweep."""
+        self.reap()
+        self._sweeping = True
+        try:
+            super().restore_visible(start, num, interval)
+        finally:
+            self._sweeping = False
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        """kombu's restore; in its visibility sweep, a live holder's message stays."""
+        if not self._sweeping:
+            super().restore_by_tag(tag, client, leftmost)
+            return
+        self._give_back(bytes_to_str(tag), client, leftmost=leftmost)
+
+    def reap(self) -> int:
+        """Give back every message whose holder stopped beating; how many were given back.
+
+        Every ``reap_s`` at most, only in a process whose own beats are steady, and only
+        in the one worker that takes the reaper's lock.
+        """
+        beat, timing = self._heartbeat, self.timing
+        now = time.monotonic()
+        if beat is None or now - self._reaped_at < timing.reap_s or not beat.steady():
+            return 0
+        self._reaped_at = now
+        try:
+            with self.channel.conn_or_acquire() as client:
+                lock_ms = max(1, round(timing.reap_s * 1000))
+                if not client.set(REAPER_KEY, self.holder, nx=True, px=lock_ms):
+                    return 0
+                return self._reap_dead(client)
+        except redis.RedisError as exc:
+            log.warning("could not give back the messages of dead workers: %s", exc)
+            return 0
+
+    def _reap_dead(self, client: Any) -> int:
+        by_holder: dict[str, list[str]] = defaultdict(list)
+        for tag, holder in client.hgetall(HELD_KEY).items():
+            by_holder[bytes_to_str(holder)].append(bytes_to_str(tag))
+        if not by_holder:
+            return 0
+        holders = sorted(by_holder)
+        with client.pipeline(transaction=False) as pipe:
+            for holder in holders:
+                pipe.exists(alive_key(holder))
+            alive = pipe.execute()
+        given = 0
+        for holder, is_alive in zip(holders, alive, strict=True):
+            if is_alive:
+                continue
+            back = sum(self._give_back(tag, client, holder=holder) for tag in by_holder[holder])
+            if back:
+                log.warning(
+                    "gave back %d message(s) held by %s, which stopped beating", back, holder
+                )
+            given += back
+        return given
+
+    def _give_back(
+        self, tag: str, client: Any, *, holder: str | None = None, leftmost: bool = False
+    ) -> bool:
+        """Put ``tag``'s message back in its queue (as kombu's ``restore_by_tag``), marked
+        redelivered; True when a message was put back.
+
+        ``holder`` given (the reaper): only while that holder still holds it. Else
+        (kombu's sweep): unless a live holder holds it, whose message is then looked
+        at again a visibility timeout later; a process that does not beat steadily
+        cannot tell, and leaves every held message alone.
+        """
+        given = False
+        heartbeat = self._heartbeat
+
+        def transaction(pipe: Any) -> None:
+            nonlocal given
+            given = False
+            raw_holder = pipe.hget(HELD_KEY, tag)
+            current = None if raw_holder is None else bytes_to_str(raw_holder)
+            if holder is not None:
+                keep = current != holder
+            else:
+                keep = current is not None and (
+                    heartbeat is None
+                    or not heartbeat.steady()
+                    or bool(pipe.exists(alive_key(current)))
+                )
+            payload = None if keep else pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            if keep:
+                if holder is None:
+                    pipe.zadd(self.unacked_index_key, {tag: time.time()}, xx=True)
+                return
+            self._remove_from_indices(tag, pipe)
+            if payload:
+                message, exchange, routing_key = loads(bytes_to_str(payload))
+                restore = self.channel._do_restore_message  # type: ignore[attr-defined]
+                restore(message, exchange, routing_key, pipe, leftmost)
+                given = True
+
+        with self.channel.conn_or_acquire(client) as conn:
+            conn.transaction(transaction, self.unacked_key, HELD_KEY)
+        return given
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel whose QoS records holders; it beats once it consumes."""
+
+    QoS = QoS
+    #: CLEVERAGENTS_RECOVERY_S: a dead holder's messages are handed out again within it.
+    recovery_s: float = 30.0
+    from_transport_options = (*kombu_redis.Channel.from_transport_options, "recovery_s")
+
+    @cached_property
+    def recovery_timing(self) -> RecoveryTiming:
+        """The heartbeat's and reaper's timing of ``recovery_s``."""
+        return RecoveryTiming.of(float(self.recovery_s))
+
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        """Consume ``queue``; consuming with acknowledgements, start beating first."""
+        no_ack = kwargs.get("no_ack", args[0] if args else False)
+        if not no_ack:
+            cast(QoS, self.qos).hold()
+        return super().basic_consume(queue, *args, **kwargs)
+
+    def heartbeat_client(self) -> redis.Redis:
+        """A client of its own for the heartbeat: the channel's server, short time-outs."""
+        params: dict[str, Any] = self._connparams()  # type: ignore[attr-defined]
+        seconds = min(max(self.recovery_timing.beat_s, 1.0), 10.0)
+        # A beat that hangs must fail before the next is due, and never retry in place.
+        params.update(socket_timeout=seconds, retry_on_timeout=False, max_connections=4)
+        if "socket_connect_timeout" in params:
+            params["socket_connect_timeout"] = seconds
+        return redis.Redis(connection_pool=redis.ConnectionPool(**params))
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with liveness-bounded recovery (see the module docstring)."""
+
+    Channel = Channel
