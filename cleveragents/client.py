@@ -331,6 +331,20 @@ class SkillClient:
         """Celery's state of the invocation: PENDING, STARTED, SUCCESS, FAILURE, ..."""
         return str(AsyncResult(request_id, app=self.app).state)
 
+    def consumers_of(self, queue: str) -> list[str] | None:
+        """The running workers that consume ``queue`` (``inspect active_queues``).
+
+        None when no worker answered within a second (none runs, or none can be asked).
+        """
+        replies = self.app.control.inspect(timeout=1.0).active_queues() or {}
+        if not replies:
+            return None
+        return sorted(
+            name
+            for name, queues in replies.items()
+            if any(q.get("name") == queue for q in queues or [])
+        )
+
     def locate(self, request_id: str) -> str:
         """Celery's state of an invocation with no result, or ``UNKNOWN`` for an id never sent.
 

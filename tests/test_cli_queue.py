@@ -186,3 +186,30 @@ def test_the_embedded_default_runs_an_invocation_with_no_server(tmp_path: Path) 
     waited = run_cli("result", "queued-1", "--wait", "--json", env=env, cwd=tmp_path)
     assert waited.returncode == 0, waited.stderr
     assert json.loads(waited.stdout)["output_data"] == {"text": "HI"}
+
+
+def test_a_write_waited_for_where_only_read_only_workers_run_says_so(
+    redis_url: str, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    # Given only a read-only worker on the broker
+    start_worker(redis_url, read_only=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    env = {**base, "PYTHONPATH": str(REPO), "CLEVERAGENTS_BROKER_URL": redis_url}
+
+    # When a write is submitted and waited for
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "cleveragents", "submit", "local/notes", "local/write-note",
+         "--args", '{"name": "n", "text": "t"}', "--allow-writes", "--wait"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert waiting.stderr is not None
+        line = waiting.stderr.readline()  # blocks until the warning (or the end)
+    finally:
+        waiting.kill()
+        waiting.communicate(timeout=10)  # and closes its pipes
+
+    # Then within seconds it says why nothing happens, instead of waiting silently
+    assert "the running workers do not consume skills.write" in line
+    assert "read-only" in line
+    assert "still waiting" in line

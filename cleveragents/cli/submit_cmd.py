@@ -13,6 +13,7 @@ import click
 from cleveragents.binding import RequestIdReused
 from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import UNKNOWN, SkillClient
+from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.errors import SchemaValidationError
 from cleveragents.hints import failure_lines
@@ -21,6 +22,10 @@ from cleveragents.skills import SkillResult
 from cleveragents.wire import result_payload
 
 __all__ = ["result", "submit"]
+
+#: How long ``submit --wait`` waits before it checks that a running worker consumes the queue.
+QUEUE_CHECK_S = 3.0
+WRITE_QUEUES = (QUEUE_WRITE, QUEUE_BATCH_WRITE)
 
 
 def _arguments(raw: str | None, path: str | None) -> dict[str, Any]:
@@ -73,9 +78,20 @@ def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
 
 
 def _wait(
-    client: SkillClient, request_id: str, timeout: float | None, pending: Any = None
+    client: SkillClient,
+    request_id: str,
+    timeout: float | None,
+    pending: Any = None,
+    queue: str | None = None,
 ) -> SkillResult:
     try:
+        if queue is not None and not client.settings.embedded:
+            early = min(QUEUE_CHECK_S, timeout) if timeout is not None else QUEUE_CHECK_S
+            try:
+                return client.wait(request_id, timeout=early, pending=pending)
+            except TimeoutError:
+                _warn_if_unserved(client, queue)
+            timeout = None if timeout is None else max(timeout - early, 0.001)
         return client.wait(request_id, timeout=timeout, pending=pending)
     except TimeoutError:
         raise CliFailure(
@@ -83,6 +99,23 @@ def _wait(
             f"`cleveragents result {request_id} --wait` waits for it",
             exit_code=1,
         ) from None
+
+
+def _warn_if_unserved(client: SkillClient, queue: str) -> None:
+    """Say on stderr when no running worker consumes ``queue`` (then keep waiting)."""
+    consumers = client.consumers_of(queue)
+    if consumers is None:
+        why = "no worker answered `celery inspect`: is one running on this broker?"
+    elif consumers:
+        return
+    elif queue in WRITE_QUEUES:
+        why = (
+            f"the running workers do not consume {queue}: they are read-only "
+            "(CLEVERAGENTS_READ_ONLY); a write needs a worker that may write"
+        )
+    else:
+        why = f"no running worker consumes {queue}"
+    click.echo(f"warning: {why}; still waiting (Ctrl-C stops waiting, not the request)", err=True)
 
 
 @click.command()
@@ -139,7 +172,8 @@ def submit(
                     pending = client.send(request)
                     # Tools are stopped at their timeout; allow a minute of queueing on top.
                     limit = None if timeout is None else timeout + 60
-                    outcome = _wait(client, request.request_id, limit, pending)
+                    queue = QUEUE_WRITE if request.allow_writes else QUEUE_READ
+                    outcome = _wait(client, request.request_id, limit, pending, queue)
         except RequestIdReused as refused:  # nothing was sent
             show_result(refused.result, request.request_id, as_json)
             return
