@@ -17,6 +17,7 @@ Rows 7 to 10 are hostile tools (``benchmarks/hostile_rows.py``): there ``fail``
 counts outcomes other than the expected failure.
 
 Usage: python benchmarks/fault_table.py [--runs 3] [--scale 1.0] [--skip-slow] [--only TEXT]
+       [--broker redis|rabbitmq]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,8 +64,12 @@ from tests.fault_scenarios import (  # noqa: E402
     scenario_reply_lost_in_flight,
     scenario_worker_kill,
 )
+from tests.rabbit import Rabbit  # noqa: E402
 
 Scenario = Callable[[Rig], Outcome]
+#: Rows that run on RabbitMQ too: workers, writes and poison (not Redis's own faults,
+#: nor kombu's Redis fetch, nor the hostile tools, which do not depend on the broker).
+RABBITMQ_ROWS = ("1 ", "2 ", "5 ", "6 ")
 #: A row's visibility timeout of None: the rig leaves it, and the recovery time, at
 #: their defaults (900 s and 30 s); else the recovery time is the rig's RECOVERY_S.
 DEFAULTS = None
@@ -289,7 +295,15 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="run rows whose name contains this (comma-separated: any)"
     )
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the broker of the rows (rabbitmq: a virtual host per run, results in Redis; "
+        "only the rows about workers, writes and poison, not those about Redis itself)",
+    )
     args = parser.parse_args()
+    rabbit = Rabbit() if args.broker == "rabbitmq" else None
     for name in list(os.environ):
         if name.startswith("CLEVERAGENTS_"):
             del os.environ[name]
@@ -298,6 +312,8 @@ def main() -> None:
     for name, visibility, scenario in scenarios(args.scale, args.skip_slow):
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
+        if rabbit is not None and not name.startswith(RABBITMQ_ROWS):
+            continue
         row = Row(name)
         rows.append(row)
         for run in range(args.runs):
@@ -305,10 +321,12 @@ def main() -> None:
             try:
                 with (
                     tempfile.TemporaryDirectory(prefix="fault-table-") as tmp,
+                    rabbit.vhost() if rabbit is not None else nullcontext() as broker,
                     rig(
                         Path(tmp) / "rig",
                         visibility_s=visibility,
                         recovery_s=RECOVERY_S if visibility is not DEFAULTS else DEFAULTS,
+                        broker=broker,
                     ) as r,
                 ):
                     row.outcomes.append(scenario(r))
@@ -320,6 +338,8 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
+    if rabbit is not None:
+        rabbit.close()
     print()
     print_table(rows)
     print()
