@@ -176,9 +176,10 @@ class ChunkContext:
             total = None
         return cls(batch_id, items, total)
 
-    def rest(self, start: int) -> ChunkContext:
-        """The context of the chunk's requests from ``start`` on (the rest of a slice)."""
-        return ChunkContext(self.batch_id, self.items[start:], self.total)
+    def rest(self, start: int, count: int | None = None) -> ChunkContext:
+        """The context of the chunk's requests from ``start`` on (``count`` of them, or all)."""
+        end = None if count is None else start + count
+        return ChunkContext(self.batch_id, self.items[start:end], self.total)
 
     def _of(self) -> str:
         return "" if self.total is None else f" of {self.total}"

@@ -2,9 +2,10 @@
 
 The pipeline (``cleveragents.pipeline.execute_chunk``) runs the chunk for one time
 slice and stores each result under its own request id; this task decodes the
-message and sends the rest of the chunk back to the end of its queue. Flower shows
-the chunk by its skills and tools, batch id and item numbers (``chunk_repr``), its
-result with the counts, and each failed invocation as its own row (``tasks.events``).
+message and sends the rest of the chunk back to the end of its queue, as the
+messages the pipeline sized by time. Flower shows the chunk by its skills and
+tools, batch id and item numbers (``chunk_repr``), its result with the counts, and
+each failed invocation as its own row (``tasks.events``).
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
     failures = ItemEvents(self, context)
     requeued: list[int] = []
 
-    def requeue(rest: list[Any]) -> None:
+    def requeue(rest: list[Any], start: int) -> None:
         requeued.append(len(rest))
-        _requeue(self, rest, context, len(bodies) - len(rest))
+        _requeue(self, rest, context, start)
 
     report = execute_chunk(
         state.pipeline(self.app.backend),
@@ -65,7 +66,7 @@ def _requeue(
     queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
     sent_at = getattr(task.request, SENT_AT_HEADER, None) or time.time()
     headers: dict[str, Any] = {SENT_AT_HEADER: sent_at}  # its age counts from the first sending
-    rest_context = None if context is None else context.rest(start)
+    rest_context = None if context is None else context.rest(start, len(rest))
     if rest_context is not None:
         headers[BATCH_HEADER] = rest_context.header()
     task.app.send_task(

@@ -295,8 +295,13 @@ def run_chunk(
     pipeline: Pipeline, bodies: list[Any], *, chunk_id: str = "c-1", redelivered: bool = False
 ) -> tuple[dict[str, int], list[list[Any]]]:
     requeued: list[list[Any]] = []
+
+    def requeue(rest: list[Any], start: int) -> None:
+        assert rest == bodies[start : start + len(rest)]  # the place it says
+        requeued.append(rest)
+
     report = execute_chunk(
-        pipeline, bodies, chunk_id=chunk_id, redelivered=redelivered, requeue=requeued.append
+        pipeline, bodies, chunk_id=chunk_id, redelivered=redelivered, requeue=requeue
     )
     return report.as_dict(), requeued
 
@@ -331,13 +336,32 @@ def test_a_chunk_requeues_what_its_time_slice_left(catalogue: Catalogue, tmp_pat
     stores = Stores.in_memory()
     pipeline = make_pipeline(catalogue, stores)
     log = tmp_path / "log"
-    # Each request sleeps past the slice: the first group of 32 runs, the rest goes back
+    # Each request takes a sixteenth of the slice: the clock, read after each one, ends
+    # the slice after about sixteen; the quick rest goes back whole, as one message
     bodies = [body(READ, f"s-{i:03d}", log, sleep_s=SLICE_S / 16) for i in range(40)]
     report, requeued = run_chunk(pipeline, bodies)
-    assert report["ran"] == 32
-    assert requeued == [bodies[32:]]
-    assert all(r is not None for r in stored(stores, [b["request_id"] for b in bodies[:32]]))
-    assert stored(stores, [b["request_id"] for b in bodies[32:]]) == [None] * 8
+    ran = report["ran"]
+    assert 1 <= ran <= 17
+    assert requeued == [bodies[ran:]]
+    assert all(r is not None for r in stored(stores, [b["request_id"] for b in bodies[:ran]]))
+    assert stored(stores, [b["request_id"] for b in bodies[ran:]]) == [None] * (40 - ran)
+
+
+def test_a_slow_chunk_stops_after_one_invocation_and_goes_back_in_pieces(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # Given a chunk of ten requests that each take three slices
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    bodies = [body(READ, f"p-{i}", log, sleep_s=SLICE_S * 3) for i in range(10)]
+    # When it runs: one invocation fills the slice
+    report, requeued = run_chunk(pipeline, bodies)
+    assert report["ran"] == 1
+    # Then the rest (at least 0.54 s of work) goes back as several messages, in order
+    assert len(requeued) >= 2
+    assert [b for piece in requeued for b in piece] == bodies[1:]
+    assert max(map(len, requeued)) - min(map(len, requeued)) <= 1
 
 
 def test_a_fresh_chunk_does_not_count_its_items(catalogue: Catalogue, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Run many requests: pack them into chunks, skip those already done, yield results in order.
 
 Chunks are ``DEFAULT_CHUNK`` requests: enough that Celery's per-message cost
-vanishes for millisecond tools. Fairness does not depend on the chunk size: a
-worker runs a chunk for one time slice and requeues the rest (cleveragents/pipeline/chunk.py).
+vanishes for millisecond tools. Neither fairness nor the use of every worker
+process depends on the chunk size: a worker runs a chunk for one time slice and
+requeues the rest, split by time when it is slow (cleveragents/pipeline/chunk.py).
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def batch() -> None:
 
 
 def _what_happens_to_the_rest(
-    settings: Settings, local: LocalWorker | None, messages: list[str]
+    settings: Settings, local: LocalWorker | None, messages: list[str], batch_id: str
 ) -> str:
     """What becomes of the submitted work on Ctrl-C, said truly."""
     if not settings.embedded:
@@ -188,7 +188,7 @@ def _what_happens_to_the_rest(
         return "what was submitted keeps running on the local worker another command shares."
     # This command's worker stopped with it: take back what no worker ran, or it would
     # wait on disk and run, unasked, whenever a worker next starts on this home.
-    withdraw(settings, messages)
+    withdraw(settings, messages, batch_id=batch_id)
     return "the local worker stopped, and what it had not run was taken off the queue."
 
 
@@ -232,15 +232,16 @@ def run_batch(
         except KeyboardInterrupt:
             runner.stop()
             out.flush()
+            rest = _what_happens_to_the_rest(settings, local, runner.messages, runner.batch_id)
             click.echo(
                 f"\ninterrupted: {tally.done} of {total} results written to {out_path}; "
-                f"{_what_happens_to_the_rest(settings, local, runner.messages)} Run the same "
+                f"{rest} Run the same "
                 "command again to resume (stored results are reused, nothing runs twice).",
                 err=True,
             )
             raise click.exceptions.Exit(130) from None
         # Every line has its result: a chunk still waiting holds only finished requests.
-        withdraw(settings, runner.messages)
+        withdraw(settings, runner.messages, batch_id=runner.batch_id)
     _summary(tally, total, bad, time.monotonic() - started, runner.reused)
     raise click.exceptions.Exit(_exit_code(tally, bad))
 

@@ -3,9 +3,18 @@
 Each request still gets its own gating, validation and timeout (the runtime), and
 its own ``SkillResult`` under its own request id. A request whose result is
 already stored (a redelivered chunk, a resumed batch) is not run again, nor is an
-id seen twice in one chunk. After ``SLICE_S`` the requests not yet run are handed
-to ``requeue``, so that the process turns to other queues in between: an
-interactive invocation never waits behind a whole chunk.
+id seen twice in one chunk. The clock is read after every invocation: once the
+slice (``SLICE_S``) is over, the results are stored and the requests not yet run
+are handed to ``requeue``, so that the process turns to other queues in between:
+an interactive invocation never waits behind a whole chunk. (Quick tools finish
+the group of requests looked up together first, within ``TAIL_S``.)
+
+The rest is sized by time, not by count: what the slice measured per invocation
+says how long the rest will take, and a rest longer than ``PIECE_S`` goes back as
+several messages of about ``PIECE_S`` each (at most ``MAX_PIECES``), which other
+processes take at once. A chunk of slow tools thus spreads over every process of
+every worker within a slice or two, whatever its size; a chunk of fast tools,
+whose rest takes less than ``PIECE_S``, goes back whole, as one message.
 
 The invocations that failed are handed to ``report_failures`` once their results
 are stored (a worker shows each in Flower as its own failed row); successes are
@@ -14,6 +23,7 @@ only counted.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -27,23 +37,39 @@ from cleveragents.skills import SkillResult
 __all__ = [
     "CHECK_EVERY_N",
     "FLUSH_EVERY_N",
+    "MAX_PIECES",
+    "PIECE_S",
     "SLICE_S",
+    "TAIL_S",
     "ChunkReport",
     "ItemFailure",
     "ReportFailures",
     "Requeue",
     "execute_chunk",
+    "pieces",
 ]
 
-#: A chunk runs for at most about this long before the rest of it is requeued.
+#: A chunk runs for about this long, plus the invocation under way, before the rest of
+#: it is requeued.
 SLICE_S = 0.02
+#: Requests whose stored results are looked up (and ids bound) at once. Past the slice
+#: the rest of such a group may still run (``TAIL_S``): the hard time limit counts on it.
+CHECK_EVERY_N = 32
+#: Past the slice, the rest of a looked-up group still runs when it is expected to take
+#: at most this long: quick tools then end their slices where the old count-based check
+#: did (fewer, longer slices: each message costs milliseconds), and look nothing up twice.
+TAIL_S = SLICE_S
 #: Results are written at least every this many invocations.
 FLUSH_EVERY_N = 250
-#: Requests whose stored results are looked up at once (the slice may end before the rest).
-CHECK_EVERY_N = 32
+#: The rest of a chunk goes back in messages of about this much work each (as measured
+#: in the slice): each costs a publish, a delivery and its lookups, a few milliseconds.
+PIECE_S = 0.25
+#: At most this many messages for the rest of one slice (each splits again in its turn).
+MAX_PIECES = 16
 
-#: Sends the requests of a chunk not yet run back to the end of its queue.
-Requeue = Callable[[list[Any]], None]
+#: Sends some requests of a chunk not yet run (from this index in the chunk on) back to
+#: the end of its queue as a new message.
+Requeue = Callable[[list[Any], int], None]
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,36 @@ class ChunkReport:
         return asdict(self)
 
 
+class _Clock:
+    """The time slice of one chunk message, and how long its invocations took."""
+
+    def __init__(self) -> None:
+        self.until = time.monotonic() + SLICE_S
+        self.durations: list[float] = []
+        self.typical: float | None = None
+
+    def expired(self) -> bool:
+        """Whether the slice is over."""
+        return time.monotonic() >= self.until
+
+    def per_item_s(self) -> float:
+        """A typical invocation's time in this slice (0 when none ran), taken once.
+
+        The median: a moment of the process waiting for a core on a busy machine
+        does not move it, so a chunk of quick tools is not split for nothing.
+        """
+        if self.typical is None:
+            self.typical = statistics.median(self.durations) if self.durations else 0.0
+        return self.typical
+
+    def over(self, left_in_group: int) -> bool:
+        """Whether to stop now: the slice is over, and the last invocation was slow or
+        the group's rest, at the typical invocation's time, is not quick."""
+        if not self.expired():
+            return False
+        return self.durations[-1] > TAIL_S or left_in_group * self.per_item_s() > TAIL_S
+
+
 class _Slice:
     """The state of one slice: results not yet stored, ids seen, counts."""
 
@@ -95,27 +151,37 @@ class _Slice:
         self.seen: set[str] = set()
         self.ran = self.skipped = 0
 
-    def run_group(self, bodies: Sequence[Any], offset: int) -> None:
-        """Run the requests of ``bodies`` (from ``offset`` in the chunk) not yet stored."""
+    def run_group(self, bodies: Sequence[Any], offset: int, clock: _Clock) -> int:
+        """Run the requests of ``bodies`` (from ``offset`` in the chunk) not yet stored.
+
+        Tells ``clock`` how long each invocation took and stops once it says so;
+        returns how many requests of ``bodies`` it went through (ran or skipped).
+        """
         ids = [text_field(body, "request_id") for body in bodies]
         done = self._finished(bodies, ids) | self._bound_elsewhere(bodies, ids)
+        through = 0
         for index, (body, rid) in enumerate(zip(bodies, ids, strict=True), offset):
+            through += 1
             if not rid or rid in done or rid in self.seen:
                 self.skipped += 1  # no id to store a result under, or already finished
                 continue
             self.seen.add(rid)  # the same id twice in one chunk runs once
-            started, clock = time.time(), time.monotonic()
+            started, began = time.time(), time.monotonic()
             result = self.pipeline.run_guarded(body, rid, redelivered=self.careful, chunk_item=True)
             self.pipeline.observe(rid, result)
             if not result.success and self.report is not None:
-                runtime = time.monotonic() - clock
+                runtime = time.monotonic() - began
                 self.failures.append(ItemFailure(index, rid, body, result, started, runtime))
             self.pending.append((rid, result))
             self.ran += 1
+            clock.durations.append(time.monotonic() - began)
             if self.careful:
                 self.flush()
+            if clock.over(len(bodies) - through):
+                break
         if len(self.pending) >= FLUSH_EVERY_N:
             self.flush()
+        return through
 
     def _bound_elsewhere(self, bodies: Sequence[Any], ids: list[str]) -> set[str]:
         """Ids bound to other content: run nothing, store nothing (``cleveragents.binding``)."""
@@ -148,6 +214,17 @@ class _Slice:
             self.report(failures)
 
 
+def pieces(count: int, per_item_s: float) -> list[int]:
+    """How many requests each message of a rest of ``count`` carries, in order.
+
+    About ``PIECE_S`` of work each at ``per_item_s`` an invocation, at most
+    ``MAX_PIECES`` of them, as even as they go; one message when the rest is quick.
+    """
+    wanted = int(count * per_item_s / PIECE_S)
+    n = max(1, min(wanted, MAX_PIECES, count))
+    return [count // n + (1 if i < count % n else 0) for i in range(n)]
+
+
 def execute_chunk(
     pipeline: Pipeline,
     bodies: Sequence[Any],
@@ -159,16 +236,22 @@ def execute_chunk(
 ) -> ChunkReport:
     """Run a chunk's requests for one time slice, storing each result; requeue the rest.
 
-    ``report_failures`` is told of the failed invocations after their results are stored.
+    The rest goes back in one or more messages, sized by the time the slice took per
+    invocation (``pieces``). ``report_failures`` is told of the failed invocations
+    after their results are stored.
     """
     careful = pipeline.guard.chunk_redelivered(chunk_id, redelivered)
     work = _Slice(pipeline, careful, report_failures)
-    started = time.monotonic()
-    for start in range(0, len(bodies), CHECK_EVERY_N):
-        if start and time.monotonic() - started > SLICE_S:
+    clock = _Clock()
+    done = 0
+    while done < len(bodies):
+        done += work.run_group(bodies[done : done + CHECK_EVERY_N], done, clock)
+        if done < len(bodies) and clock.expired():
             work.flush()
-            requeue(list(bodies[start:]))
+            start = done
+            for size in pieces(len(bodies) - done, clock.per_item_s()):
+                requeue(list(bodies[start : start + size]), start)
+                start += size
             break
-        work.run_group(bodies[start : start + CHECK_EVERY_N], start)
     work.flush()
     return ChunkReport(len(bodies), work.ran, work.skipped)

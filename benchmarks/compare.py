@@ -1,0 +1,646 @@
+"""cleveragents side by side with plain Celery, Celery chunks and Dramatiq, in one run.
+
+    .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
+        [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
+        [--systems plain,chunks,dramatiq,singles,batch,slow] [--check]
+
+One private ``redis-server`` (no persistence, a free port), one worker per system,
+each started as its users start it, with its defaults; the trivial tool
+(``examples.tools.noop``) everywhere:
+
+========  ==================================================================  ==========
+system    what is measured                                                    baseline
+========  ==================================================================  ==========
+plain     plain Celery, every setting a default (``benchmarks/compare_celery.py``;  -
+          ``celery -A benchmarks.compare_celery worker -c 2``): ``--singles``
+          ``noop.apply_async()`` then every ``.get()``; round trips one at a time
+chunks    the same worker: ``noop.chunks(zip(range(lines)), 100).apply_async()`` -
+          then ``.get()`` (one result per chunk of 100, no per-item result)
+dramatiq  Dramatiq with its Redis broker and results middleware              plain
+          (``benchmarks/compare_dramatiq.py``; ``dramatiq ... --processes 2
+          --threads 8``): ``--singles`` ``noop.send()`` then every
+          ``get_result(block=True)``; round trips one at a time
+singles   cleveragents, ``celery -A worker worker -c 2`` with the example       plain
+          catalogue: ``--singles`` ``SkillClient.submit(...)`` then every
+          ``.result()``; round trips one at a time
+batch     the same worker: ``cleveragents batch run`` of a ``--lines`` line      chunks
+          JSONL file (every result stored, written out in input order); wall
+          time of the command, its start-up included
+slow      the same worker: ``cleveragents batch run`` of ``--slow`` lines of     ideal time
+          ``local/sleep`` for ``--slow-ms``; its time against the ideal
+          (lines x ms / 2 processes)
+========  ==================================================================  ==========
+
+Each system has its own Redis database (cleveragents 0, Celery 1, Dramatiq 2) on
+the one server. Only one worker runs at a time: the others are frozen (SIGSTOP of
+their process group; idle, nothing in flight) and thawed when their turn comes.
+Each turn starts with a few round trips to warm up. Rounds reverse the order of
+the systems, since the machine is noisy; compare ratios taken in one round, never
+absolute numbers across runs. Dramatiq is an extra (``pip install -e ".[bench]"``):
+without it that row is skipped.
+
+Targets (issue 15): batch >= 0.8x chunks; singles >= 0.8x plain jobs/s and p50
+<= 1.15x plain's; slow <= 1.2x its ideal time. The exit status is 0 unless a run
+failed, or, with ``--check``, a target was missed in the median of the rounds.
+Every process it starts is killed by its process group at the end, on Ctrl-C or
+on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.queue_bench import interruptible  # noqa: E402
+from tests.procs import EXAMPLE_SKILLS, RedisServer, kill_group  # noqa: E402
+
+CONCURRENCY = 2  # pool processes of every worker (Dramatiq: processes, of 8 threads each)
+DRAMATIQ_THREADS = 8
+CHUNK = 100  # Celery chunks of this many calls
+SKILL, NOOP, SLEEP = "local/common", "local/noop", "local/sleep"
+DB = {"cleveragents": 0, "celery": 1, "dramatiq": 2}
+
+SYSTEMS = ("plain", "dramatiq", "singles", "chunks", "batch", "slow")
+LABELS = {
+    "plain": "plain Celery (defaults): apply_async + get",
+    "dramatiq": f"Dramatiq ({CONCURRENCY} processes x {DRAMATIQ_THREADS} threads): send + result",
+    "singles": "cleveragents SkillClient.submit().result()",
+    "chunks": f"Celery chunks(..., {CHUNK}): apply_async + get",
+    "batch": "cleveragents batch run",
+    "slow": "cleveragents batch run, slow tool",
+}
+BASELINE = {"dramatiq": "plain", "singles": "plain", "batch": "chunks"}
+WORKER_OF = {
+    "plain": "celery",
+    "chunks": "celery",
+    "dramatiq": "dramatiq",
+    "singles": "cleveragents",
+    "batch": "cleveragents",
+    "slow": "cleveragents",
+}
+THROUGHPUT_TARGET = 0.8  # singles / plain and batch / chunks, jobs/s: at least this
+LATENCY_TARGET = 1.15  # singles / plain, p50 round trip: at most this
+SLOW_TARGET = 1.2  # slow batch time / ideal time: at most this
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Service:
+    """One worker command in its own session: started, frozen, thawed, killed by group."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], scratch: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log = scratch / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def check(self) -> None:
+        """Raise with its log when it has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} worker exited:\n{self.log_tail()}")
+
+    def pause(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            kill_group(self.proc, signal.SIGTERM)
+            kill_group(self.proc, signal.SIGCONT)  # a frozen worker must wake up to exit
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        finally:
+            kill_group(self.proc, signal.SIGKILL)  # its children too, whatever happened
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self.proc = None
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any CLEVERAGENTS_/COMPARE_ setting, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CLEVERAGENTS_", "COMPARE_", "CELERY_"))
+    }
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def services(url: dict[str, str], wanted: set[str], scratch: Path) -> dict[str, Service]:
+    """The workers of the systems in ``wanted``, as their users start them."""
+    python = sys.executable
+    found: dict[str, Service] = {}
+    workers = {WORKER_OF[s] for s in wanted}
+    if "celery" in workers:
+        found["celery"] = Service(
+            "celery",
+            [python, "-m", "celery", "-A", "benchmarks.compare_celery", "worker",
+             "--concurrency", str(CONCURRENCY), "--loglevel", "WARNING"],
+            clean_env(COMPARE_CELERY_URL=url["celery"]),
+            scratch,
+        )  # fmt: skip
+    if "dramatiq" in workers:
+        found["dramatiq"] = Service(
+            "dramatiq",
+            [python, "-m", "dramatiq", "benchmarks.compare_dramatiq",
+             "--processes", str(CONCURRENCY), "--threads", str(DRAMATIQ_THREADS)],
+            clean_env(COMPARE_DRAMATIQ_URL=url["dramatiq"]),
+            scratch,
+        )  # fmt: skip
+    if "cleveragents" in workers:
+        found["cleveragents"] = Service(
+            "cleveragents",
+            [python, "-m", "celery", "-A", "worker", "worker",
+             "--concurrency", str(CONCURRENCY), "--loglevel", "WARNING"],
+            clean_env(
+                CLEVERAGENTS_BROKER_URL=url["cleveragents"],
+                CLEVERAGENTS_CATALOGUE=str(EXAMPLE_SKILLS),
+            ),
+            scratch,
+        )  # fmt: skip
+    return found
+
+
+# --------------------------------------------------------------------------- systems
+
+
+@dataclass
+class Run:
+    """One system in one round."""
+
+    jobs: int = 0
+    elapsed: float = 0.0  # seconds, first submit to last result
+    times: list[float] = field(default_factory=list)  # sequential round trips, seconds
+    ideal: float = 0.0  # slow: the time with every process busy all along
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.elapsed
+
+    def percentile_ms(self, q: int) -> float:
+        if len(self.times) < 2:
+            return self.times[0] * 1000 if self.times else float("nan")
+        return statistics.quantiles(self.times, n=100, method="inclusive")[q - 1] * 1000
+
+
+@dataclass
+class System:
+    """How to warm a system up, time its round trips, and measure one round of it."""
+
+    one: Callable[[], None]
+    measure: Callable[[int], Run]  # the round's index -> its measurement
+    samples: int = 0  # round trips one at a time, before the throughput run
+    close: Callable[[], None] = field(default=lambda: None)
+
+
+def timed_round_trips(one: Callable[[], None], samples: int) -> list[float]:
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System]:
+    """plain and chunks, over one app with Celery's defaults."""
+    os.environ["COMPARE_CELERY_URL"] = url
+    from benchmarks import compare_celery
+
+    noop = compare_celery.noop
+
+    def one() -> None:
+        if noop.apply_async().get(timeout=60) != {"ok": True}:
+            raise RuntimeError("noop returned something else")
+
+    def plain(_: int) -> Run:
+        run = Run(jobs=args.singles, times=timed_round_trips(one, args.latency_samples))
+        started = time.perf_counter()
+        results = [noop.apply_async() for _ in range(args.singles)]
+        bad = sum(1 for r in results if r.get(timeout=600) != {"ok": True})
+        run.elapsed = time.perf_counter() - started
+        if bad:
+            raise RuntimeError(f"{bad} plain Celery calls returned something else")
+        return run
+
+    def chunks(_: int) -> Run:
+        started = time.perf_counter()
+        group = noop.chunks(zip(range(args.lines)), CHUNK).apply_async()
+        values = group.get(timeout=1800)
+        elapsed = time.perf_counter() - started
+        got = sum(len(chunk) for chunk in values)
+        if got != args.lines:
+            raise RuntimeError(f"Celery chunks returned {got} results of {args.lines}")
+        group.forget()  # 1,000 results of 100 each: keep the Redis small
+        return Run(jobs=args.lines, elapsed=elapsed)
+
+    close = compare_celery.app.close
+    return System(one, plain, args.latency_samples, close), System(one, chunks, 0, close)
+
+
+def dramatiq_system(url: str, args: argparse.Namespace) -> System:
+    os.environ["COMPARE_DRAMATIQ_URL"] = url
+    from benchmarks import compare_dramatiq
+
+    noop = compare_dramatiq.noop
+
+    def one() -> None:
+        if noop.send().get_result(block=True, timeout=60_000) != {"ok": True}:
+            raise RuntimeError("noop returned something else")
+
+    def measure(_: int) -> Run:
+        run = Run(jobs=args.singles, times=timed_round_trips(one, args.latency_samples))
+        started = time.perf_counter()
+        messages = [noop.send() for _ in range(args.singles)]
+        results = [m.get_result(block=True, timeout=600_000) for m in messages]
+        run.elapsed = time.perf_counter() - started
+        bad = sum(1 for r in results if r != {"ok": True})
+        if bad:
+            raise RuntimeError(f"{bad} Dramatiq calls returned something else")
+        return run
+
+    return System(one, measure, args.latency_samples, compare_dramatiq.broker.close)
+
+
+def cleveragents_systems(
+    url: str, args: argparse.Namespace, scratch: Path
+) -> tuple[System, System, System]:
+    """singles, batch and slow, over one cleveragents worker."""
+    from cleveragents.client import SkillClient
+    from cleveragents.settings import Settings
+
+    client = SkillClient(settings=Settings.from_env({"CLEVERAGENTS_BROKER_URL": url}))
+
+    def one() -> None:
+        result = client.submit(SKILL, NOOP, {}).result(timeout=60)
+        if not result.success:
+            raise RuntimeError(f"cleveragents noop failed: {result.error}")
+
+    def singles(_: int) -> Run:
+        run = Run(jobs=args.singles, times=timed_round_trips(one, args.latency_samples))
+        started = time.perf_counter()
+        handles = [client.submit(SKILL, NOOP, {}) for _ in range(args.singles)]
+        failed = sum(1 for h in handles if not h.result(timeout=600).success)
+        run.elapsed = time.perf_counter() - started
+        if failed:
+            raise RuntimeError(f"{failed} cleveragents invocations failed")
+        return run
+
+    def batch(index: int) -> Run:
+        # A file of its own per round: ids are derived from the path, so nothing is reused.
+        path = write_jsonl(scratch / f"batch-{index}.jsonl", args.lines, NOOP, {})
+        return Run(jobs=args.lines, elapsed=batch_run(url, path, args.lines))
+
+    def slow(index: int) -> Run:
+        seconds = args.slow_ms / 1000
+        path = write_jsonl(scratch / f"slow-{index}.jsonl", args.slow, SLEEP, {"seconds": seconds})
+        elapsed = batch_run(url, path, args.slow)
+        return Run(jobs=args.slow, elapsed=elapsed, ideal=args.slow * seconds / CONCURRENCY)
+
+    return (
+        System(one, singles, args.latency_samples, client.close),
+        System(one, batch),
+        System(one, slow),
+    )
+
+
+def write_jsonl(path: Path, lines: int, tool: str, arguments: dict[str, Any]) -> Path:
+    line = json.dumps({"skill": SKILL, "tool": tool, "arguments": arguments}) + "\n"
+    with path.open("w") as out:
+        out.writelines(line for _ in range(lines))
+    return path
+
+
+def batch_run(url: str, path: Path, lines: int) -> float:
+    """Wall time of ``cleveragents batch run PATH``; raises unless every line succeeded."""
+    out, err = path.with_suffix(".out"), path.with_suffix(".err")
+    argv = [sys.executable, "-m", "cleveragents", "batch", "run", str(path), "--out", str(out)]
+    started = time.perf_counter()
+    with err.open("wb") as stderr:
+        code = subprocess.call(
+            argv,
+            cwd=REPO,
+            env=clean_env(CLEVERAGENTS_BROKER_URL=url),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    elapsed = time.perf_counter() - started
+    written = sum(1 for _ in out.open("rb")) if out.exists() else 0
+    if code != 0 or written != lines:
+        tail = err.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"batch run exited {code} with {written} of {lines} lines:\n{tail}")
+    out.unlink()
+    path.unlink()
+    return elapsed
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _rounds(values: list[float], fmt: Callable[[float], str]) -> str:
+    return " / ".join(fmt(v) for v in values)
+
+
+def ratio_of(system: str, run: Run, runs: dict[str, list[Run]], index: int) -> float | None:
+    """Jobs/s against the baseline's in the same round (slow: time against its ideal)."""
+    if system == "slow":
+        return run.elapsed / run.ideal
+    base = BASELINE.get(system)
+    if base is None or base not in runs:
+        return None
+    return run.rate / runs[base][index].rate
+
+
+def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> bool:
+    """Print the table; return whether every target met in the median of the rounds."""
+    rows: list[tuple[str, ...]] = []
+    verdicts: list[str] = []
+    met = True
+    for system in SYSTEMS:
+        if system not in runs:
+            continue
+        done = runs[system]
+        label = LABELS[system]
+        if system == "slow":
+            label += f", {args.slow} x {args.slow_ms:g} ms"
+        elif system in ("batch", "chunks"):
+            label += f", {args.lines:,} lines" if system == "batch" else f", {args.lines:,} calls"
+        else:
+            label += f" x {args.singles:,}"
+        ratios = [ratio_of(system, run, runs, i) for i, run in enumerate(done)]
+        known = [r for r in ratios if r is not None]
+        if system == "slow":
+            ratio = _rounds(known, lambda r: f"{r:.2f}") + f" x ideal {done[0].ideal:.1f} s"
+        elif known:
+            ratio = _rounds(known, lambda r: f"{r:.2f}") + f" x {BASELINE[system]}"
+        else:
+            ratio = "baseline"
+        p50, p95 = (
+            (_rounds([r.percentile_ms(q) for r in done], lambda v: f"{v:.2f}") for q in (50, 95))
+            if done[0].times
+            else ("", "")
+        )
+        rows.append((label, _rounds([r.rate for r in done], _rate), ratio, p50, p95))
+        # Targets, on the median of the rounds
+        if system == "singles" and "plain" in runs:
+            rate = statistics.median(known)
+            lat = statistics.median(
+                r.percentile_ms(50) / p.percentile_ms(50)
+                for r, p in zip(done, runs["plain"], strict=True)
+            )
+            ok = rate >= THROUGHPUT_TARGET and lat <= LATENCY_TARGET
+            met &= ok
+            verdicts.append(
+                f"singles: {rate:.2f}x plain jobs/s (target >= {THROUGHPUT_TARGET:g}), "
+                f"p50 {lat:.2f}x plain (target <= {LATENCY_TARGET:g}): "
+                f"{'PASS' if ok else 'MISS'}"
+            )
+        elif system == "batch" and known:
+            rate = statistics.median(known)
+            ok = rate >= THROUGHPUT_TARGET
+            met &= ok
+            verdicts.append(
+                f"batch: {rate:.2f}x chunks jobs/s (target >= {THROUGHPUT_TARGET:g}): "
+                f"{'PASS' if ok else 'MISS'}"
+            )
+        elif system == "slow":
+            slow = statistics.median(known)
+            ok = slow <= SLOW_TARGET
+            met &= ok
+            verdicts.append(
+                f"slow batch: {slow:.2f}x its ideal time (target <= {SLOW_TARGET:g}): "
+                f"{'PASS' if ok else 'MISS'}"
+            )
+    rounds = " / ".join(str(i + 1) for i in range(args.rounds))
+    header = ("system", f"jobs/s (round {rounds})", "ratio, same round", "p50 ms", "p95 ms")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [
+            row[0].ljust(widths[0]),
+            *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)),
+        ]
+        return "  ".join(cells).rstrip()
+
+    print()
+    print(line(header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+    print()
+    for verdict in verdicts:
+        print(verdict)
+    return met
+
+
+# --------------------------------------------------------------------------- main
+
+
+@dataclass
+class Everything:
+    """What the run started: killed (by process group) and removed in ``close``."""
+
+    scratch: Path
+    redis: RedisServer | None = None
+    workers: dict[str, Service] = field(default_factory=dict)
+    systems: dict[str, System] = field(default_factory=dict)
+
+    def close(self) -> None:
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # nothing cuts the clean-up short
+        try:
+            for worker in self.workers.values():
+                worker.stop()
+            self.workers.clear()
+            for system in self.systems.values():
+                with contextlib.suppress(Exception):
+                    system.close()
+            self.systems.clear()
+            if self.redis is not None:
+                self.redis.stop()
+                shutil.rmtree(self.redis.dir, ignore_errors=True)
+                self.redis = None
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
+def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
+    every.redis = RedisServer(persistence=False).start()
+    base = every.redis.url.rsplit("/", 1)[0]
+    url = {name: f"{base}/{db}" for name, db in DB.items()}
+    for name in [n for n in os.environ if n.startswith("CLEVERAGENTS_")]:
+        del os.environ[name]  # the client reads only what this run gives it
+    every.workers = services(url, set(wanted), every.scratch)
+    for worker in every.workers.values():
+        worker.start()
+    if "plain" in wanted or "chunks" in wanted:
+        plain, chunks = celery_systems(url["celery"], args)
+        every.systems.update(plain=plain, chunks=chunks)
+    if "dramatiq" in wanted:
+        every.systems["dramatiq"] = dramatiq_system(url["dramatiq"], args)
+    if {"singles", "batch", "slow"} & set(wanted):
+        singles, batch, slow = cleveragents_systems(url["cleveragents"], args, every.scratch)
+        every.systems.update(singles=singles, batch=batch, slow=slow)
+    # Up and warm (the first round trips wait for the worker to start), then frozen.
+    for name, worker in every.workers.items():
+        system = next(every.systems[s] for s in wanted if WORKER_OF[s] == name)
+        try:
+            for _ in range(args.warmup):
+                system.one()
+        except Exception:
+            worker.check()
+            raise
+        worker.pause()
+    load = os.getloadavg()[0]
+    print(
+        f"redis {base} (private, no persistence); one worker of {CONCURRENCY} processes per "
+        f"system, the others frozen; {args.rounds} round(s), order reversed each round; "
+        f"load {load:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
+    if "batch" in wanted or "slow" in wanted:
+        every.workers["cleveragents"].resume()
+        started = time.perf_counter()
+        batch_run(url["cleveragents"], write_jsonl(every.scratch / "one.jsonl", 1, NOOP, {}), 1)
+        print(
+            f"(cleveragents batch run of 1 line, its start-up: "
+            f"{time.perf_counter() - started:.2f} s, included in the batch rows)",
+            flush=True,
+        )
+        every.workers["cleveragents"].pause()
+
+    runs: dict[str, list[Run]] = {}
+    for index in range(args.rounds):
+        order = wanted if index % 2 == 0 else wanted[::-1]
+        for system_name in order:
+            worker = every.workers[WORKER_OF[system_name]]
+            system = every.systems[system_name]
+            worker.resume()
+            try:
+                for _ in range(min(5, args.warmup)):
+                    system.one()
+                result = system.measure(index)
+            except Exception:
+                print(f"{system_name}: worker log:\n{worker.log_tail()}", file=sys.stderr)
+                raise
+            worker.pause()
+            runs.setdefault(system_name, []).append(result)
+            extra = (
+                f"  p50 {result.percentile_ms(50):.2f} ms  p95 {result.percentile_ms(95):.2f} ms"
+                if result.times
+                else ""
+            )
+            print(
+                f"round {index + 1}: {system_name:<8} {result.jobs:>7,} jobs "
+                f"{result.elapsed:7.2f} s  {_rate(result.rate):>7} jobs/s{extra}",
+                flush=True,
+            )
+    met = report(runs, args)
+    print(f"load {os.getloadavg()[0]:.2f} at the end")
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--lines", type=int, help="batch lines and chunked calls (100000)")
+    parser.add_argument("--singles", type=int, help="single invocations per system (3000)")
+    parser.add_argument("--latency-samples", type=int, help="round trips one at a time (300)")
+    parser.add_argument("--slow", type=int, help="lines of the slow batch (300; 0: none)")
+    parser.add_argument("--slow-ms", type=float, default=200.0, help="its tool's time (200)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, order reversed (2)")
+    parser.add_argument("--warmup", type=int, help="round trips before the first round (30)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes for a smoke run (every size above)"
+    )
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated, of {','.join(SYSTEMS)} (default: all; dramatiq is "
+        "skipped when not installed)",
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    sizes = (
+        {"lines": 2000, "singles": 200, "latency_samples": 30, "slow": 8, "warmup": 3}
+        if args.quick
+        else {"lines": 100_000, "singles": 3000, "latency_samples": 300, "slow": 300, "warmup": 30}
+    )
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    wanted = [s for s in SYSTEMS if s in args.systems.split(",")]
+    unknown = set(args.systems.split(",")) - set(SYSTEMS)
+    if unknown or not wanted or args.rounds < 1 or args.lines < 1 or args.singles < 1:
+        parser.error(f"need known systems ({unknown or 'none given'}), sizes >= 1")
+    if "dramatiq" in wanted and importlib.util.find_spec("dramatiq") is None:
+        print('dramatiq is not installed (pip install -e ".[bench]"): skipped')
+        wanted.remove("dramatiq")
+    if args.slow < 1 and "slow" in wanted:
+        wanted.remove("slow")
+    began = time.monotonic()
+    every = Everything(Path(tempfile.mkdtemp(prefix="cleveragents-compare-")))
+    with interruptible():
+        try:
+            met = run(args, wanted, every)
+        except KeyboardInterrupt as exc:
+            every.close()
+            print(f"\ninterrupted ({exc}); every process started was killed", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)  # waiting results would try to unsubscribe from a Redis now gone
+        finally:
+            every.close()
+    print(f"total wall time {time.monotonic() - began:.0f} s")
+    return 1 if args.check and not met else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The side-by-side benchmark runs end to end at small sizes and prints its table.
+
+Timings are not asserted: the machine is shared and noisy; the benchmark itself
+prints the ratios (``benchmarks/compare.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.procs import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_compare_runs_every_available_system_and_prints_the_table() -> None:
+    # Given only what is installed (Dramatiq is the optional bench extra)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    # When the comparison runs at its smoke-test sizes, one round
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/compare.py", "--quick", "--rounds", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    # Then it succeeds and every system has its row, with its ratio to its baseline
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "jobs/s (round 1)" in out
+    rows = {
+        "plain Celery (defaults)": "baseline",
+        "Celery chunks(..., 100)": "baseline",
+        "cleveragents SkillClient.submit().result()": "x plain",
+        "cleveragents batch run, 2,000 lines": "x chunks",
+        "cleveragents batch run, slow tool": "x ideal",
+    }
+    if importlib.util.find_spec("dramatiq") is not None:
+        rows["Dramatiq (2 processes x 8 threads)"] = "x plain"
+    else:
+        assert "dramatiq is not installed" in out
+    lines = out.splitlines()
+    for label, ratio in rows.items():
+        row = [line for line in lines if line.startswith(label)]
+        assert row, f"no row for {label!r} in:\n{out}"
+        assert ratio in row[0], row[0]
+    for verdict in ("singles: ", "batch: ", "slow batch: "):
+        assert verdict in out
