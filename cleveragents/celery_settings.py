@@ -21,7 +21,13 @@ from cleveragents.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.settings import MessageSigning, Settings
 from cleveragents.signing import DIGEST, SIGNED_SERIALIZER
 
-__all__ = ["EMBEDDED_SCHEME", "EMBEDDED_TRANSPORT", "REDIS_TRANSPORT", "celery_settings"]
+__all__ = [
+    "EMBEDDED_SCHEME",
+    "EMBEDDED_TRANSPORT",
+    "REDIS_TRANSPORT",
+    "celery_settings",
+    "consumer_transport",
+]
 
 #: URL scheme of the embedded on-disk broker.
 EMBEDDED_SCHEME = "cleveragentsfs"
@@ -106,14 +112,24 @@ def _redis(settings: Settings) -> dict[str, Any]:
     scheme = url.partition("://")[0].lower()
     if scheme not in REDIS_TRANSPORT_SCHEMES:
         return options
-    return {
-        **options,
-        # kombu's Redis transport, with a dead worker's messages handed out again
-        # within CLEVERAGENTS_RECOVERY_S (cleveragents/redis_transport.py), given by
-        # class path: kombu's global table of transport aliases stays as shipped.
-        "broker_transport": REDIS_TRANSPORT,
-        **_rediss_default(url),
-    }
+    # The transport that hands a dead worker's messages out again is a consumer's
+    # only (consumer_transport): producers, Flower and `celery inspect` keep kombu's
+    # own, whose URL scheme Flower's broker pages understand.
+    return {**options, **_rediss_default(url)}
+
+
+def consumer_transport(settings: Settings) -> str | None:
+    """The transport a worker consumes with, by class path (None: the URL's own).
+
+    For redis:// and rediss://, kombu's Redis transport with a dead worker's messages
+    handed out again within CLEVERAGENTS_RECOVERY_S (cleveragents/redis_transport.py),
+    set by the worker at start (worker/signals.py); kombu's table of aliases stays
+    as shipped.
+    """
+    if settings.embedded:
+        return None
+    scheme = (settings.broker_url or "").partition("://")[0].lower()
+    return REDIS_TRANSPORT if scheme in REDIS_TRANSPORT_SCHEMES else None
 
 
 def _rediss_default(url: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cleveragents.celery_settings import REDIS_TRANSPORT, celery_settings
+from cleveragents.celery_settings import REDIS_TRANSPORT, celery_settings, consumer_transport
 from cleveragents.constants import HELD_KEY, REAPER_KEY
 from cleveragents.errors import ConfigurationError
 from cleveragents.liveness import Heartbeat, RecoveryTiming, alive_key
@@ -275,6 +275,10 @@ def test_redis_urls_get_the_transport_and_keep_their_address_credentials_and_tls
     )
     app = Celery(set_as_current=False)
     app.conf.update(celery_settings(settings))
+    # Producers, Flower and inspect keep kombu's own transport; a worker sets its own at start
+    assert app.conf.broker_transport is None
+    if consumer_transport(settings) is not None:
+        app.conf.broker_transport = consumer_transport(settings)
     with app.connection_for_write() as connection:
         assert connection.transport_cls == transport
         assert (connection.hostname, connection.port) == ("127.0.0.1", 6390)

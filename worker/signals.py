@@ -25,6 +25,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
+from cleveragents.celery_settings import consumer_transport
 from cleveragents.embedded.folders import create_folders
 from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
@@ -47,6 +48,9 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
     # line (a bad setting, a CLEVERAGENTS_TOOL_KINDS module that cannot load).
     try:
         settings = Settings.from_env()
+        transport = consumer_transport(settings)
+        if transport is not None:  # before the consumer connects (celery_settings)
+            sender.app.conf.broker_transport = transport
         # First: the environment holds the broker's password and every other secret of
         # the worker. Non-dumpable, /proc/<pid>/environ and memory are closed to other
         # processes of this user (a command tool); pool processes inherit it.
