@@ -74,6 +74,19 @@ class Catalogue:
         self._skills: dict[str, Skill] = {}
         self._origin: dict[str, str] = {}
         located = dict(locations or {})
+        self._take(skills, located)
+        self._definitions: dict[str, SkillDefinition] = {}
+        self._failures: dict[str, SkillResolutionError] = {}
+        self._tools: dict[str, dict[str, ResolvedToolEntry]] = {}
+        self._located: dict[str, tuple[str, int | None]] = {
+            name: located[where] for name, where in self._origin.items() if where in located
+        }
+        self._resolve_all()
+
+    def _take(
+        self, skills: Iterable[tuple[Skill, str]], located: Mapping[str, tuple[str, int | None]]
+    ) -> None:
+        """Keep each skill name's first definition; a later one is a problem."""
         for skill, where in skills:
             if skill.name in self._skills:
                 first = self._origin[skill.name]
@@ -90,12 +103,9 @@ class Catalogue:
                 continue
             self._skills[skill.name] = skill
             self._origin[skill.name] = where
-        self._definitions: dict[str, SkillDefinition] = {}
-        self._failures: dict[str, SkillResolutionError] = {}
-        self._tools: dict[str, dict[str, ResolvedToolEntry]] = {}
-        self._located: dict[str, tuple[str, int | None]] = {
-            name: located[where] for name, where in self._origin.items() if where in located
-        }
+
+    def _resolve_all(self) -> None:
+        """Resolve every skill once; one that cannot be resolved is a problem."""
         for name in sorted(self._skills):
             try:
                 definition = resolve_skill(name, self._skills)
