@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
+from cleveragents.strings_in import strings_in
 
 __all__ = [
     "REPR_MAX_CHARS",
@@ -236,17 +236,6 @@ def result_payload(result: SkillResult, request_id: str) -> dict[str, Any]:
     return payload
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-
-
 def failure_summary(result: SkillResult, arguments: Any = None) -> str:
     """``error_type: message`` of a failed result, on one line.
 
@@ -258,7 +247,7 @@ def failure_summary(result: SkillResult, arguments: Any = None) -> str:
     if error is None:
         return "failed"
     summary = f"{error.error_type}: {error.message}".replace("\n", " ")
-    secrets = {s for s in _strings(arguments) if len(s) >= _SHORTEST_BLANKED}
+    secrets = {s for s in strings_in(arguments) if len(s) >= _SHORTEST_BLANKED}
     for secret in sorted(secrets, key=len, reverse=True):
         summary = summary.replace(secret, REDACTED)
     return summary

@@ -43,6 +43,7 @@ from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, ru
 from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.skills import ToolSpec
+from cleveragents.strings_in import strings_in
 
 __all__ = [
     "BASE_ENV",
@@ -106,21 +107,10 @@ def _environment(
     return env
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-
-
 def _excerpt(raw: bytes, arguments: dict[str, Any], *, head: bool) -> str:
     """The first or last characters of ``raw``, every argument string in it blanked out."""
     text = raw.decode("utf-8", errors="replace")
-    secrets = {s for s in _strings(arguments) if len(s) >= _SHORTEST_REDACTED}
+    secrets = {s for s in strings_in(arguments) if len(s) >= _SHORTEST_REDACTED}
     secrets |= {json.dumps(s)[1:-1] for s in secrets}  # as a tool echoing its JSON input shows it
     for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
