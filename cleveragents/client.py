@@ -20,7 +20,7 @@ from celery.result import AsyncResult
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
 from cleveragents.binding import RequestIdReused, request_digest, reused_result
-from cleveragents.celery_settings import celery_settings
+from cleveragents.celery_settings import celery_settings, consumer_transport
 from cleveragents.constants import (
     BATCH_HEADER,
     QUEUE_BATCH,
@@ -126,6 +126,9 @@ class SkillClient:
         create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
         self.app.conf.update(celery_settings(base))
+        transport = consumer_transport(base)
+        if transport is not None:  # it rings the queue's doorbell as it publishes
+            self.app.conf.broker_transport = transport
 
     def close(self) -> None:
         """Release the result backend's connections now, not when the collector finds them.

@@ -45,6 +45,8 @@ HELD_KEY = "cleveragents:held"
 ALIVE_KEY_PREFIX = "cleveragents:alive:"
 #: The Redis lock one worker takes to give back what dead holders held.
 REAPER_KEY = "cleveragents:reaper"
+#: Prefix of a queue's doorbell, rung as a message is published (``cleveragents.redis_fetch``).
+DOOR_KEY_PREFIX = "cleveragents:door:"
 
 #: Largest arguments accepted, in bytes of their JSON.
 MAX_REQUEST_BYTES = 1_000_000

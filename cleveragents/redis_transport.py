@@ -14,7 +14,10 @@ only (a producer publishes exactly as with kombu's transport):
   way kombu restores a message: to the head of its queue, marked redelivered;
 * kombu's visibility-timeout sweep passes by a message whose holder is alive
   (its tool may run for hours): the timeout is only the last resort for
-  messages nobody holds (a consumer on kombu's own transport).
+  messages nobody holds (a consumer on kombu's own transport);
+* a consumer takes a message and records it as held in one Lua script, and a
+  producer rings the queue's doorbell as it publishes (``cleveragents.redis_fetch``):
+  a message is always queued or held, never only in a reply on the wire.
 
 Written for kombu 5.7's ``kombu.transport.redis``; ``tests/test_recovery.py`` checks
 each of the private methods it builds on.
@@ -22,9 +25,12 @@ each of the private methods it builds on.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Mapping
+from queue import Empty
 from typing import Any, cast
 
 import redis
@@ -41,6 +47,14 @@ from cleveragents.liveness import (
     alive_key,
     new_holder_id,
     process_heartbeat,
+)
+from cleveragents.redis_fetch import (
+    DOOR_CAP,
+    DOOR_TTL_MS,
+    FETCH_LUA,
+    WAIT_S,
+    door_key,
+    fetch_command,
 )
 
 __all__ = ["Channel", "QoS", "Transport"]
@@ -60,6 +74,8 @@ class QoS(kombu_redis.QoS):
         self._heartbeat: Heartbeat | None = None
         self._reaped_at = float("-inf")
         self._sweeping = False
+        #: Delivery tags the fetch script has recorded as held (and append need not).
+        self.recorded: set[str] = set()
 
     @property
     def timing(self) -> RecoveryTiming:
@@ -77,6 +93,10 @@ class QoS(kombu_redis.QoS):
         """Record the delivered message as kombu does, with its holder and a heartbeat."""
         if self._heartbeat is None:
             self.hold()
+        if delivery_tag in self.recorded:  # taken and recorded by one script
+            self.recorded.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+            return
         delivery = message.delivery_info
         exchange, routing_key = delivery["exchange"], delivery["routing_key"]
         with self.pipe_or_acquire() as pipe:
@@ -138,6 +158,23 @@ class QoS(kombu_redis.QoS):
         except redis.RedisError as exc:
             log.warning("could not give back the messages of dead workers: %s", exc)
             return 0
+
+    def give_back_lost(self, client: Any) -> int:
+        """Give back what this holder holds in Redis and was never delivered here: what
+        a fetch whose reply was lost took. How many messages were given back."""
+        delivered: Mapping[str, Any] = self._delivered or {}
+        lost = [
+            tag
+            for tag, holder in (
+                (bytes_to_str(tag), bytes_to_str(holder))
+                for tag, holder in client.hgetall(HELD_KEY).items()
+            )
+            if holder == self.holder and tag not in delivered
+        ]
+        back = sum(self._give_back(tag, client, holder=self.holder) for tag in lost)
+        if back:
+            log.warning("gave back %d message(s) whose fetch reply was lost", back)
+        return back
 
     def _reap_dead(self, client: Any) -> int:
         by_holder: dict[str, list[str]] = defaultdict(list)
@@ -220,12 +257,150 @@ class Channel(kombu_redis.Channel):
         """The heartbeat's and reaper's timing of ``recovery_s``."""
         return RecoveryTiming.of(float(self.recovery_s))
 
+    # kombu's, absent from its stubs.
+    _queue_cycle: Any
+    _expires: Any
+    _q_for_pri: Any
+    connection_errors: Any
+
+    #: What the consuming connection was last sent: "fetch" (the script), "wait" (on
+    #: the doorbells), "brpop" (kombu's, for queues consumed without acknowledgement).
+    _sent: str | None = None
+    #: The next start waits on the doorbells: the last fetch found every queue empty.
+    _wait_next = False
+    #: A fetch's reply was lost: what it took is held here and was never delivered.
+    _unsure = False
+    #: False once the server refused the script (no EVALSHA for this user): kombu's BRPOP.
+    _atomic = True
+    _script_loaded = False
+    _fetch_sha = hashlib.sha1(FETCH_LUA.encode()).hexdigest()
+
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         """Consume ``queue``; consuming with acknowledgements, start beating first."""
         no_ack = kwargs.get("no_ack", args[0] if args else False)
         if not no_ack:
             cast(QoS, self.qos).hold()
+            self._acked_queues.add(queue)
+        else:
+            self._acked_queues.discard(queue)
         return super().basic_consume(queue, *args, **kwargs)
+
+    @cached_property
+    def _acked_queues(self) -> set[str]:
+        return set()
+
+    def _fetches(self) -> bool:
+        """Whether this channel fetches with the script: every queue it consumes is
+        acknowledged (a no-ack queue, a reply queue, takes kombu's BRPOP)."""
+        return (
+            self._atomic
+            and not self.global_keyprefix
+            and bool(self.active_queues)
+            and all(queue in self._acked_queues for queue in self.active_queues)
+        )
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        if not self._fetches():
+            self._sent = "brpop"
+            super()._brpop_start(timeout)  # type: ignore[misc]
+            return
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        client = self.client
+        if self._unsure:  # before anything else is taken, and on a connection of its own
+            with self.conn_or_acquire() as other:
+                cast(QoS, self.qos).give_back_lost(other)
+            self._unsure = False
+        if self._wait_next:
+            command: list[Any] = ["BRPOP", *(door_key(q) for q in dict.fromkeys(queues)), WAIT_S]
+            self._sent = "wait"
+        else:
+            if not self._script_loaded:
+                client.script_load(FETCH_LUA)
+                self._script_loaded = True
+            qos = cast(QoS, self.qos)
+            command = fetch_command(
+                self._fetch_sha,
+                queue_keys=[self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues],
+                queues=queues,
+                unacked=(self.unacked_key, self.unacked_index_key),
+                holder=qos.holder,
+                alive=alive_key(qos.holder),
+                ttl_ms=qos.timing.ttl_ms,
+                now=time.time(),
+            )
+            self._sent = "fetch"
+        self._in_poll = client.connection
+        self._brpop_sent_at = time.monotonic()
+        client.connection.send_command(*command)
+
+    def _brpop_read(self, **options: Any) -> Any:
+        sent, self._sent = self._sent, None
+        if sent not in ("fetch", "wait"):
+            return super()._brpop_read(**options)  # type: ignore[misc]
+        client = self.client
+        try:
+            try:
+                reply = client.parse_response(client.connection, "EVALSHA", **options)
+            except self.connection_errors:
+                # A fetch may have taken a message whose reply is lost: look for it.
+                self._unsure = self._unsure or sent == "fetch"
+                client.connection.disconnect()
+                raise
+            except redis.exceptions.NoScriptError:  # Redis restarted: load it again
+                self._script_loaded = False
+                raise Empty() from None
+            except redis.exceptions.ResponseError as exc:
+                if sent != "fetch":
+                    raise
+                self._atomic = False
+                log.error(
+                    "Redis refused the fetch script (%s): taking messages with BRPOP, "
+                    "which loses a message whose reply is cut in flight. fix: allow "
+                    "EVALSHA, RPOP and DEL on the queue and doorbell keys "
+                    "(docs/deployment.md, Redis users)",
+                    exc,
+                )
+                raise Empty() from None
+            if sent == "wait":  # rung, or waited long enough: look at the queues
+                self._wait_next = False
+                raise Empty()
+            if not reply:
+                self._wait_next = True
+                raise Empty()
+            dest, item = reply
+            payload = loads(bytes_to_str(item))
+            tag = _recorded_tag(payload)
+            if tag is not None:
+                cast(QoS, self.qos).recorded.add(tag)
+            queue = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            self.connection._deliver(payload, queue)
+            return True
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()  # type: ignore[attr-defined]
+
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        """Publish as kombu does, and ring the queue's doorbell in the same round trip."""
+        door = door_key(queue)
+        batch = kwargs.get("_publish_batch")
+        if batch is not None:
+            super()._put(queue, message, **kwargs)
+            batch.add("lpush", door, 1)
+            batch.add("ltrim", door, 0, DOOR_CAP - 1)
+            batch.add("pexpire", door, DOOR_TTL_MS)
+            return
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        expires = self._expires.get(queue) if self._expires else None
+        with self.conn_or_acquire() as client, client.pipeline() as pipe:
+            pipe.lpush(key, dumps(message))
+            if expires:
+                for pri in self.priority_steps:
+                    pipe.pexpire(self._q_for_pri(queue, pri), expires)
+            pipe.lpush(door, 1).ltrim(door, 0, DOOR_CAP - 1).pexpire(door, DOOR_TTL_MS)
+            pipe.execute()
 
     def heartbeat_client(self) -> redis.Redis:
         """A client of its own for the heartbeat: the channel's server, short time-outs."""
@@ -236,6 +411,16 @@ class Channel(kombu_redis.Channel):
         if "socket_connect_timeout" in params:
             params["socket_connect_timeout"] = seconds
         return redis.Redis(connection_pool=redis.ConnectionPool(**params))
+
+
+def _recorded_tag(payload: Any) -> str | None:
+    """The delivery tag the fetch script recorded ``payload`` under (None: it did not)."""
+    try:
+        properties = payload["properties"]
+        tag, info = properties["delivery_tag"], properties["delivery_info"]
+    except (KeyError, TypeError):
+        return None
+    return tag if isinstance(tag, str) and isinstance(info, dict) else None
 
 
 class Transport(kombu_redis.Transport):

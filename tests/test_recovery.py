@@ -14,6 +14,8 @@ is a few seconds here to keep the file short.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ import pytest
 import redis
 from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
+from kombu import Consumer as KombuConsumer
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -31,6 +34,7 @@ from cleveragents.celery_settings import REDIS_TRANSPORT, celery_settings, consu
 from cleveragents.constants import HELD_KEY, REAPER_KEY
 from cleveragents.errors import ConfigurationError
 from cleveragents.liveness import Heartbeat, RecoveryTiming, alive_key
+from cleveragents.redis_fetch import FETCH_LUA, door_key, fetch_command
 from cleveragents.redis_transport import Channel, QoS
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType
@@ -224,6 +228,87 @@ def test_the_visibility_sweep_passes_by_a_live_holders_message_but_not_an_unheld
     score = server.zscore("unacked_index", live.delivery_tag)
     assert score is not None
     assert score > time.time() - 60
+
+
+def _fetch(consumer: Consumer, server: redis.Redis) -> Any:
+    """Run the fetch script as the consumer's channel would, and drop its reply."""
+    channel = consumer.channel
+    server.script_load(FETCH_LUA)
+    command = fetch_command(
+        channel._fetch_sha,
+        queue_keys=[channel._q_for_pri("t.recovery", pri) for pri in channel.priority_steps],
+        queues=["t.recovery"],
+        unacked=(channel.unacked_key, channel.unacked_index_key),
+        holder=consumer.qos.holder,
+        alive=alive_key(consumer.qos.holder),
+        ttl_ms=FAST.ttl_ms,
+        now=time.time(),
+    )
+    return server.execute_command(*command)  # type: ignore[no-untyped-call]
+
+
+def test_a_fetch_holds_its_message_before_the_reply_leaves_redis_and_a_lost_one_comes_back(
+    redis_url: str, consumers: Callable[..., Consumer]
+) -> None:
+    server = redis.Redis.from_url(redis_url)
+    worker = consumers()
+    _publish(worker, {"n": "in flight"})
+    assert server.llen(door_key("t.recovery")) == 1  # the publish rang the doorbell
+    # When the script takes the message and its reply never reaches the worker
+    queue_key, item = _fetch(worker, server)
+    assert queue_key == b"t.recovery"
+    tag = json.loads(item)["properties"]["delivery_tag"]
+    # Then Redis already holds it for the worker, in kombu's own unacknowledged record
+    assert _held(redis_url) == {tag: worker.qos.holder}
+    message, exchange, routing_key = json.loads(server.hget("unacked", tag) or b"")
+    assert (message, exchange, routing_key) == (json.loads(item), "t.recovery", "t.recovery")
+    assert server.zscore("unacked_index", tag) is not None
+    assert server.llen("t.recovery") == 0
+    # An empty fetch empties the doorbells: nothing rings for a message already taken
+    assert _fetch(worker, server) is None
+    assert not server.exists(door_key("t.recovery"))
+    # And the worker gives back what it holds but never received, marked redelivered
+    assert worker.qos.give_back_lost(server) == 1
+    assert _held(redis_url) == {}
+    again = worker.take()
+    assert again.delivery_tag == tag
+    assert again.delivery_info["redelivered"] is True
+    assert again.payload == {"n": "in flight"}
+    # What it did receive stays its own
+    assert worker.qos.give_back_lost(server) == 0
+    assert _held(redis_url) == {tag: worker.qos.holder}
+
+
+def test_a_consumer_takes_its_messages_with_the_fetch_script_and_holds_each_once(
+    redis_url: str, consumers: Callable[..., Consumer]
+) -> None:
+    server = redis.Redis.from_url(redis_url)
+    worker = consumers()
+    got: list[Any] = []
+    fetches = _calls(server, "evalsha")
+    with KombuConsumer(worker.channel, [worker.queue], callbacks=[lambda _, m: got.append(m)]):
+        for n in range(3):
+            _publish(worker, {"n": n})
+        wait_until(lambda: _drain(worker) and len(got) == 3, 10, "three deliveries")
+    assert _calls(server, "evalsha") >= fetches + 3  # taken by the script, not BRPOP
+    assert [m.payload for m in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert _held(redis_url) == {m.delivery_tag: worker.qos.holder for m in got}
+    assert worker.qos.recorded == set()  # each recorded by the script, not again
+    for m in got:
+        m.ack()
+    assert _held(redis_url) == {}
+    assert server.hlen("unacked") == 0
+
+
+def _calls(server: redis.Redis, command: str) -> int:
+    stats: dict[str, Any] = server.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def _drain(consumer: Consumer) -> bool:
+    with contextlib.suppress(TimeoutError):
+        consumer.connection.drain_events(timeout=0.5)
+    return True
 
 
 def test_a_heartbeat_is_steady_only_after_a_whole_ttl_of_successful_beats(
