@@ -29,6 +29,7 @@ from cleveragents.celery_settings import consumer_transport
 from cleveragents.embedded.folders import create_folders
 from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
+from cleveragents.result_backend import worker_result_backend
 from cleveragents.runtime import command_tool
 from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.limits import set_default_output_limit
@@ -51,6 +52,9 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         transport = consumer_transport(settings)
         if transport is not None:  # before the consumer connects (celery_settings)
             sender.app.conf.broker_transport = transport
+        backend = worker_result_backend(sender.app.conf.result_backend)
+        if backend is not None:  # before anything stores a result: one round trip a state
+            sender.app.conf.result_backend = backend
         # First: the environment holds the broker's password and every other secret of
         # the worker. Non-dumpable, /proc/<pid>/environ and memory are closed to other
         # processes of this user (a command tool); pool processes inherit it.

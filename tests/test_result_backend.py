@@ -1,0 +1,116 @@
+"""A worker's Redis result backend: a state stored in one round trip (result_backend.py).
+
+Against the session's real Redis: what is stored and published is what Celery's own
+backend stores, a stored SUCCESS is never overwritten, and only finished states wake
+a waiting producer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, states
+from redis.connection import AbstractConnection
+
+from cleveragents.result_backend import BACKEND_CLASS, RedisBackend, worker_result_backend
+
+
+@pytest.fixture
+def backend(redis_url: str) -> Iterator[RedisBackend]:
+    app = Celery("t-result-backend", set_as_current=False)
+    app.conf.update(
+        result_backend=worker_result_backend(redis_url),
+        result_expires=600,
+        result_serializer="json",
+        result_accept_content=["json"],
+    )
+    made = app.backend
+    assert isinstance(made, RedisBackend)
+    yield made
+    app.close()
+
+
+def _stored(redis_url: str, task_id: str) -> dict[str, Any]:
+    raw = redis.Redis.from_url(redis_url).get(f"celery-task-meta-{task_id}")
+    assert raw is not None
+    return dict(json.loads(raw))
+
+
+def test_only_redis_urls_get_the_backend() -> None:
+    assert worker_result_backend("redis://h:6379/0") == f"{BACKEND_CLASS}+redis://h:6379/0"
+    assert worker_result_backend("rediss://u:p+q@h/1") == f"{BACKEND_CLASS}+rediss://u:p+q@h/1"
+    assert worker_result_backend("file:///tmp/results") is None
+    assert worker_result_backend(None) is None
+
+
+def test_a_state_is_stored_in_one_round_trip_with_its_time_to_live(
+    redis_url: str, backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = redis.Redis.from_url(redis_url)
+    backend.store_result("t1", {"pid": 1}, states.STARTED)  # loads the script
+    sent: list[Any] = []
+    send = AbstractConnection.send_packed_command
+
+    def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent.append(command)
+        send(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    backend.store_result("t1", {"words": 2}, states.SUCCESS)
+    monkeypatch.undo()
+
+    assert len(sent) == 1, sent  # Celery's own: a GET, then SET and PUBLISH in a pipeline
+    stored = _stored(redis_url, "t1")
+    assert (stored["status"], stored["result"], stored["task_id"]) == (
+        states.SUCCESS, {"words": 2}, "t1"
+    )
+    assert 0 < server.ttl("celery-task-meta-t1") <= 600
+    assert backend.get_task_meta("t1")["result"] == {"words": 2}  # Celery reads it back
+
+
+def test_a_stored_success_is_never_overwritten(redis_url: str, backend: RedisBackend) -> None:
+    backend.store_result("t2", {"first": True}, states.SUCCESS)
+    backend.store_result("t2", {"pid": 2}, states.STARTED)  # a late redelivery
+    backend.store_result("t2", {"second": True}, states.SUCCESS)
+
+    assert _stored(redis_url, "t2")["result"] == {"first": True}
+    # A failure, or a STARTED, is replaced by what comes after it
+    backend.store_result("t3", {"pid": 3}, states.STARTED)
+    assert _stored(redis_url, "t3")["status"] == states.STARTED
+    backend.store_result("t3", {"ok": 1}, states.SUCCESS)
+    assert _stored(redis_url, "t3")["status"] == states.SUCCESS
+
+
+def test_only_finished_states_are_published(redis_url: str, backend: RedisBackend) -> None:
+    pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub.subscribe("celery-task-meta-t4")
+    time.sleep(0.1)
+    backend.store_result("t4", {"pid": 4}, states.STARTED)
+    backend.store_result("t4", {"ok": 4}, states.SUCCESS)
+    seen: list[str] = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not seen:
+        message = pubsub.get_message(timeout=0.5)
+        if message is not None:
+            seen.append(json.loads(message["data"])["status"])
+    time.sleep(0.2)
+    while (message := pubsub.get_message(timeout=0.1)) is not None:
+        seen.append(json.loads(message["data"])["status"])
+    pubsub.close()
+
+    assert seen == [states.SUCCESS]
+
+
+def test_a_result_stored_after_a_redis_script_flush_still_lands(
+    redis_url: str, backend: RedisBackend
+) -> None:
+    backend.store_result("t5", {"pid": 5}, states.STARTED)
+    redis.Redis.from_url(redis_url).script_flush()  # as a restarted Redis has no scripts
+    backend.store_result("t5", {"ok": 5}, states.SUCCESS)
+
+    assert _stored(redis_url, "t5")["status"] == states.SUCCESS
