@@ -105,14 +105,27 @@ class Guard:
         return Delivery(self, request_id, body, redelivered=redelivered, chunk_item=chunk_item)
 
     def chunk_redelivered(self, chunk_id: str, redelivered: bool) -> bool:
-        """Whether a chunk message came back (its worker process died running it).
+        """Whether a chunk is run with care: it came back (its worker process died running
+        it), or it is the rest of one that did (``care_for_rest``).
 
-        A broker that marks redeliveries says so; on one that does not, the chunk
-        counts its own deliveries.
+        A broker that marks redeliveries says so; on one that does not, the chunk counts
+        its own deliveries. One round trip per chunk message.
         """
-        if self.store.marks_redeliveries or not chunk_id:
+        if not chunk_id:
             return redelivered
-        return self.store.attempt(f"chunk:{chunk_id}") > 1
+        return self.store.attempt(f"chunk:{chunk_id}") > 1 or (
+            redelivered and self.store.marks_redeliveries
+        )
+
+    def care_for_rest(self, chunk_id: str) -> None:
+        """The chunk message ``chunk_id``, about to be sent with the rest of a chunk run
+        with care, is run with care too: its first delivery counts as its second.
+
+        Without it the rest of a chunk that came back would be a new message, whose
+        invocations are not counted: one that kills its process would run again
+        uncounted, beyond the poison limit.
+        """
+        self.store.attempt(f"chunk:{chunk_id}")
 
     def counts(self, *, redelivered: bool, chunk_item: bool) -> bool:
         """Whether a delivery is counted towards ``MAX_ATTEMPTS``.

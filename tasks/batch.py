@@ -44,9 +44,9 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
     failures = ItemEvents(self, context)
     requeued: list[int] = []
 
-    def requeue(rest: list[Any], start: int) -> None:
+    def requeue(rest: list[Any], start: int, rest_id: str) -> None:
         requeued.append(len(rest))
-        _requeue(self, rest, context, start)
+        _requeue(self, rest, context, start, rest_id)
 
     report = execute_chunk(
         state.pipeline(self.app.backend),
@@ -61,7 +61,7 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
 
 
 def _requeue(
-    task: Task[Any, Any], rest: list[Any], context: ChunkContext | None, start: int
+    task: Task[Any, Any], rest: list[Any], context: ChunkContext | None, start: int, rest_id: str
 ) -> None:
     queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
     sent_at = getattr(task.request, SENT_AT_HEADER, None) or time.time()
@@ -72,6 +72,7 @@ def _requeue(
     task.app.send_task(
         TASK_INVOKE_CHUNK,
         args=[rest],
+        task_id=rest_id,
         queue=queue,
         argsrepr=chunk_repr(rest, rest_context),
         kwargsrepr="{}",

@@ -238,7 +238,7 @@ def test_a_chunk_reports_each_failed_invocation_once_its_result_is_stored() -> N
 
     # When it runs
     execute_chunk(pipeline, bodies, chunk_id="c-1", redelivered=False,
-                  requeue=lambda rest, start: None, report_failures=report)
+                  requeue=lambda rest, start, rest_id: None, report_failures=report)
 
     # Then the failures, and only they, are reported with their place, after being stored
     assert seen == [(1, "u-2", "tool_execution_failure", True), (2, "u-3", "skill_not_found", True)]

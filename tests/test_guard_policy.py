@@ -296,7 +296,7 @@ def run_chunk(
 ) -> tuple[dict[str, int], list[list[Any]]]:
     requeued: list[list[Any]] = []
 
-    def requeue(rest: list[Any], start: int) -> None:
+    def requeue(rest: list[Any], start: int, rest_id: str) -> None:
         assert rest == bodies[start : start + len(rest)]  # the place it says
         requeued.append(rest)
 
@@ -369,6 +369,41 @@ def test_a_fresh_chunk_does_not_count_its_items(catalogue: Catalogue, tmp_path: 
     pipeline = make_pipeline(catalogue, stores)
     run_chunk(pipeline, [body(READ, "f-1", tmp_path / "log")])
     assert stores.guard.attempt("f-1") == 1
+
+
+@pytest.mark.parametrize("marks_redeliveries", [True, False])
+def test_the_rest_of_a_chunk_that_came_back_is_run_with_care_too(
+    catalogue: Catalogue, tmp_path: Path, marks_redeliveries: bool
+) -> None:
+    # Given chunks whose slices end before their last invocation, one of them come back
+    stores = Stores.in_memory(marks_redeliveries=marks_redeliveries)
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    rests: dict[str, list[str]] = {"fresh": [], "back": []}
+
+    def slow(prefix: str) -> list[Any]:
+        return [body(READ, f"{prefix}-{i}", log, sleep_s=SLICE_S) for i in range(3)]
+
+    def run(name: str, redelivered: bool) -> None:
+        if not marks_redeliveries and redelivered:
+            run_chunk(pipeline, [], chunk_id=name)  # its first delivery (which died)
+        execute_chunk(
+            pipeline,
+            slow(name),
+            chunk_id=name,
+            redelivered=redelivered,
+            requeue=lambda rest, start, rest_id: rests[name].append(rest_id),
+        )
+
+    run("fresh", False)
+    run("back", True)
+    # Then the rest of the one that came back is run with care at its first delivery
+    # (each of its invocations counted: a poison one among them ends at the limit),
+    # and the rest of the fresh one is not (a first delivery costs no count)
+    assert rests["fresh"]
+    assert rests["back"]
+    assert all(pipeline.guard.chunk_redelivered(rid, False) for rid in rests["back"])
+    assert not any(pipeline.guard.chunk_redelivered(rid, False) for rid in rests["fresh"])
 
 
 @pytest.mark.parametrize("marks_redeliveries", [True, False])

@@ -128,7 +128,7 @@ def test_a_chunk_runs_nothing_and_stores_nothing_under_an_id_bound_elsewhere(
     target = tmp_path / "w.txt"
     report = execute_chunk(
         pipeline, [_write("c-1", target), _count("c-2", "x")],
-        chunk_id="chunk", redelivered=False, requeue=lambda rest, start: None,
+        chunk_id="chunk", redelivered=False, requeue=lambda rest, start, rest_id: None,
     )
     # Then the write never ran, "c-1" keeps its result, and the new one ran
     assert not target.exists()

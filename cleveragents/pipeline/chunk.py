@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -68,8 +69,8 @@ PIECE_S = 0.25
 MAX_PIECES = 16
 
 #: Sends some requests of a chunk not yet run (from this index in the chunk on) back to
-#: the end of its queue as a new message.
-Requeue = Callable[[list[Any], int], None]
+#: the end of its queue as a new message, with this id.
+Requeue = Callable[[list[Any], int, str], None]
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,10 @@ def execute_chunk(
             work.flush()
             start = done
             for size in pieces(len(bodies) - done, clock.per_item_s()):
-                requeue(list(bodies[start : start + size]), start)
+                rest_id = str(uuid.uuid4())
+                if careful:  # the rest of a chunk that came back: with care too
+                    pipeline.guard.care_for_rest(rest_id)
+                requeue(list(bodies[start : start + size]), start, rest_id)
                 start += size
             break
     work.flush()
