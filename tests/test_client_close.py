@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,14 +12,26 @@ import redis
 from cleveragents.client import NoWorkerRunning, SkillClient
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.settings import Settings
+from tests.procs import RedisServer
 
 
 def _clients(server: redis.Redis, name: str) -> int:
     return sum(1 for c in server.client_list() if c.get("name", "") != name)
 
 
-def test_close_releases_the_result_connections_of_the_client(redis_url: str) -> None:
+@pytest.fixture
+def private_redis_url() -> Iterator[str]:
+    """A Redis of this test's own: no other test's client or worker is connected to it."""
+    server = RedisServer(persistence=False).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_close_releases_the_result_connections_of_the_client(private_redis_url: str) -> None:
     # Given the connections to Redis before any client exists (no worker: nothing else connects)
+    redis_url = private_redis_url
     server = redis.Redis.from_url(redis_url)
     server.client_setname("observer")
     before = _clients(server, "observer")
