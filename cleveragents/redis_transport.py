@@ -394,7 +394,7 @@ class Channel(kombu_redis.Channel):
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         expires = self._expires.get(queue) if self._expires else None
-        with self.conn_or_acquire() as client, client.pipeline() as pipe:
+        with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             pipe.lpush(key, dumps(message))
             if expires:
                 for pri in self.priority_steps:

@@ -38,7 +38,8 @@ from cleveragents.stores import (
 )
 from cleveragents.wire import result_from_stored, result_payload
 
-KINDS = ["memory", "file", "redis"]
+#: "redis-worker": a worker's stores, which write many results with one script.
+KINDS = ["memory", "file", "redis", "redis-worker"]
 
 
 def celery_backend(url: str) -> Any:
@@ -62,7 +63,8 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
         folder.mkdir()
         yield open_stores(settings, celery_backend(f"file://{folder}"))
     else:
-        yield open_stores(settings, celery_backend(request.getfixturevalue("redis_url")))
+        backend = celery_backend(request.getfixturevalue("redis_url"))
+        yield open_stores(settings, backend, worker=request.param == "redis-worker")
 
 
 def ok(text: str = "x") -> SkillResult:

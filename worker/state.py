@@ -76,7 +76,7 @@ def pipeline(backend: Any) -> Pipeline:
         state = current()
         with _lock:
             if _pipeline is None:
-                stores = open_stores(state.settings, backend)
+                stores = open_stores(state.settings, backend, worker=True)
                 _observer = WorkerObserver(stores.metrics, state.catalogue)
                 _pipeline = Pipeline.over(
                     state.catalogue,

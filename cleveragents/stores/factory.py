@@ -55,8 +55,9 @@ class Stores:
         )
 
 
-def open_stores(settings: Settings, backend: Any) -> Stores:
-    """The stores beside Celery's result ``backend``.
+def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> Stores:
+    """The stores beside Celery's result ``backend`` (``worker``: a worker's, which may
+    bind many ids and write many results with one script each).
 
     With the Redis result backend: keys in that Redis, through the backend's own
     client (one connection pool). With any other (the embedded default's file
@@ -69,9 +70,11 @@ def open_stores(settings: Settings, backend: Any) -> Stores:
     if isinstance(client, redis.Redis):
         return Stores(
             guard=RedisGuardStore(
-                client, ttl_s=settings.result_expires_s, marks_redeliveries=marks
+                client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker
             ),
-            results=RedisResultStore(client, backend.get_key_for_task, expires),
+            results=RedisResultStore(
+                client, backend.get_key_for_task, expires, scripted=worker
+            ),
             ledger=RedisBatchLedger(client, expires),
             metrics=RedisMetricStore(client),
         )
