@@ -12,6 +12,9 @@ __all__ = ["Entry", "OrderedGather"]
 
 #: At most this many ids are asked for in one bulk read.
 READ_BATCH = 2000
+#: The fewest ids a bulk read asks for: it asks for twice what the last one found, and
+#: twice as many as last time when everything it asked for was there.
+FIRST_READ = 64
 
 
 @dataclass
@@ -31,6 +34,10 @@ class OrderedGather:
     def __init__(self, store: ResultStore) -> None:
         self.store = store
         self.pending: deque[Entry] = deque()
+        #: How many missing ids the next bulk read asks for (``FIRST_READ``): a read
+        #: of ids whose results are not there yet costs the producer and Redis for
+        #: nothing, and the front of the window is often still running.
+        self.want = FIRST_READ
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -45,12 +52,16 @@ class OrderedGather:
         for entry in self.pending:
             if entry.payload is None:
                 missing.append(entry)
-                if len(missing) >= READ_BATCH:
+                if len(missing) >= self.want:
                     break
         if missing:
             payloads = self.store.get_payloads([e.request_id for e in missing])
+            found = 0
             for entry, payload in zip(missing, payloads, strict=True):
                 entry.payload = payload
+                found += payload is not None
+            wanted = 2 * len(missing) if found == len(missing) else 2 * found
+            self.want = max(FIRST_READ, min(READ_BATCH, wanted))
         return self.release()
 
     def release(self) -> list[Entry]:
