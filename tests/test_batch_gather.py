@@ -1,0 +1,52 @@
+"""Reading a batch's results in order (cleveragents/batch/gather.py), on the in-memory store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cleveragents.batch.gather import FIRST_READ, READ_BATCH, Entry, OrderedGather
+from cleveragents.skills import SkillResult
+from cleveragents.stores.memory import MemoryResultStore
+
+
+class CountingStore(MemoryResultStore):
+    """The in-memory result store, counting the ids each bulk read asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+
+    def _read(self, request_ids: Sequence[str]) -> Sequence[Any]:
+        self.reads.append(len(request_ids))
+        return super()._read(request_ids)
+
+
+def _done(store: MemoryResultStore, ids: Sequence[str]) -> None:
+    result = SkillResult(skill_name="s/k", tool_name="t/l", success=True, duration_ms=1.0)
+    store.put_many((rid, result) for rid in ids)
+
+
+def test_bulk_reads_ask_for_about_what_is_ready_and_release_in_order() -> None:
+    store = CountingStore()
+    gather = OrderedGather(store)
+    ids = [f"r-{n}" for n in range(5000)]
+    for n, rid in enumerate(ids):
+        gather.add(Entry(n + 1, rid))
+    # Nothing done yet: a read asks for the fewest ids, not for the whole window
+    assert gather.poll() == []
+    assert store.reads == [FIRST_READ]
+    # The first 10 done: released in order; the next read asks for twice what was found
+    _done(store, ids[:10])
+    assert [e.request_id for e in gather.poll()] == ids[:10]
+    assert store.reads[-1] == FIRST_READ
+    assert gather.want == FIRST_READ  # 2 x 10 is below the floor
+    # Everything asked for is there, again and again: each read asks for twice as many,
+    # up to READ_BATCH
+    _done(store, ids[10:])
+    released: list[str] = []
+    while len(released) < len(ids) - 10:
+        released.extend(e.request_id for e in gather.poll())
+    assert released == ids[10:]
+    assert store.reads[2:5] == [FIRST_READ, 2 * FIRST_READ, 4 * FIRST_READ]
+    assert max(store.reads) == READ_BATCH
