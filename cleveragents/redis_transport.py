@@ -340,6 +340,7 @@ class Channel(kombu_redis.Channel):
         if sent not in ("fetch", "wait"):
             return super()._brpop_read(**options)  # type: ignore[misc]
         client = self.client
+        look_now = False
         try:
             try:
                 reply = client.parse_response(client.connection, "EVALSHA", **options)
@@ -365,6 +366,7 @@ class Channel(kombu_redis.Channel):
                 raise Empty() from None
             if sent == "wait":  # rung, or waited long enough: look at the queues
                 self._wait_next = False
+                look_now = True
                 raise Empty()
             if not reply:
                 self._wait_next = True
@@ -381,6 +383,9 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()  # type: ignore[attr-defined]
+            if look_now and self.qos.can_consume():
+                # At once, on this connection: a woken worker saves a turn of its loop.
+                self._brpop_start()
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         """Publish as kombu does, and ring the queue's doorbell in the same round trip."""
