@@ -241,6 +241,7 @@ class SkillClient:
             )
             if stored is not None:
                 return None
+        self._forget_late_messages(request.request_id)
         payload = request_payload(request)
         return self.app.send_task(
             TASK_INVOKE,
@@ -251,6 +252,16 @@ class SkillClient:
             kwargsrepr="{}",
             headers={SENT_AT_HEADER: time.time()},
         )
+
+    def _forget_late_messages(self, request_id: str) -> None:
+        """Drop a result notification of an earlier run of ``request_id`` that arrived
+        after its result was read: Celery keeps such a message and would answer the
+        next wait on that id with it (the old result), not the run being sent now."""
+        pending = getattr(self.app.backend, "_pending_messages", None)
+        if pending is None:  # a backend without notifications (the embedded file store)
+            return
+        while pending.take(request_id, None) is not None:
+            pass
 
     def send_chunk(
         self, requests: list[SkillInvocationRequest], context: ChunkContext | None = None

@@ -210,6 +210,32 @@ def test_the_same_request_sent_twice_runs_once_and_keeps_its_result(
     assert REASON_REUSED not in worker.log_text()  # the same request is not a reuse
 
 
+def test_a_refused_write_sent_again_with_writes_is_answered_by_its_rerun_not_a_late_message(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, tmp_path: Path
+) -> None:
+    start_worker(redis_url)
+    target = tmp_path / "rerun.txt"
+    rid = f"rerun-{uuid.uuid4()}"
+    body = _write(rid, target, allow_writes=False)
+    # Given a write refused for want of allow_writes, whose result the client read
+    refused = client.submit(body["skill"], body["tool"], body["arguments"], request_id=rid)
+    first = refused.result(timeout=60)
+    assert first.error is not None
+    assert first.error.error_type == SkillErrorType.PERMISSION_DENIED
+    # And the refusal's notification reaching the client only after it read the result
+    # (a busy machine: Celery keeps such a message for the next wait on that id)
+    backend: Any = client.app.backend
+    backend._pending_messages.put(rid, backend.get_task_meta(rid))
+    # When it is sent again with allow_writes
+    rerun = client.submit(
+        body["skill"], body["tool"], body["arguments"], request_id=rid, allow_writes=True
+    )
+    # Then the answer is the re-run's, not the old refusal
+    result = rerun.result(timeout=60)
+    assert result.success, result.error
+    assert target.exists()
+
+
 def test_the_client_refuses_an_id_bound_to_another_request_without_sending_it(
     redis_url: str, client: SkillClient
 ) -> None:
