@@ -339,31 +339,9 @@ class Channel(kombu_redis.Channel):
         sent, self._sent = self._sent, None
         if sent not in ("fetch", "wait"):
             return super()._brpop_read(**options)  # type: ignore[misc]
-        client = self.client
         look_now = False
         try:
-            try:
-                reply = client.parse_response(client.connection, "EVALSHA", **options)
-            except self.connection_errors:
-                # A fetch may have taken a message whose reply is lost: look for it.
-                self._unsure = self._unsure or sent == "fetch"
-                client.connection.disconnect()
-                raise
-            except redis.exceptions.NoScriptError:  # Redis restarted: load it again
-                self._script_loaded = False
-                raise Empty() from None
-            except redis.exceptions.ResponseError as exc:
-                if sent != "fetch":
-                    raise
-                self._atomic = False
-                log.error(
-                    "Redis refused the fetch script (%s): taking messages with BRPOP, "
-                    "which loses a message whose reply is cut in flight. fix: allow "
-                    "EVALSHA, RPOP and DEL on the queue and doorbell keys "
-                    "(docs/deployment.md, Redis users)",
-                    exc,
-                )
-                raise Empty() from None
+            reply = self._fetch_reply(sent, options)
             if sent == "wait":  # rung, or waited long enough: look at the queues
                 self._wait_next = False
                 look_now = True
@@ -386,6 +364,32 @@ class Channel(kombu_redis.Channel):
             if look_now and self.qos.can_consume():
                 # At once, on this connection: a woken worker saves a turn of its loop.
                 self._brpop_start()
+
+    def _fetch_reply(self, sent: str, options: dict[str, Any]) -> Any:
+        """The reply to the fetch script or the doorbell wait (Empty: nothing to deliver)."""
+        client = self.client
+        try:
+            return client.parse_response(client.connection, "EVALSHA", **options)
+        except self.connection_errors:
+            # A fetch may have taken a message whose reply is lost: look for it.
+            self._unsure = self._unsure or sent == "fetch"
+            client.connection.disconnect()
+            raise
+        except redis.exceptions.NoScriptError:  # Redis restarted: load it again
+            self._script_loaded = False
+            raise Empty() from None
+        except redis.exceptions.ResponseError as exc:
+            if sent != "fetch":
+                raise
+            self._atomic = False
+            log.error(
+                "Redis refused the fetch script (%s): taking messages with BRPOP, "
+                "which loses a message whose reply is cut in flight. fix: allow "
+                "EVALSHA, RPOP and DEL on the queue and doorbell keys "
+                "(docs/deployment.md, Redis users)",
+                exc,
+            )
+            raise Empty() from None
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         """Publish as kombu does, and ring the queue's doorbell in the same round trip."""
