@@ -3,9 +3,11 @@
 The pipeline (``cleveragents.pipeline.execute_chunk``) runs the chunk for one time
 slice and stores each result under its own request id; this task decodes the
 message and sends the rest of the chunk back to the end of its queue, as the
-messages the pipeline sized by time. Flower shows the chunk by its skills and
-tools, batch id and item numbers (``chunk_repr``), its result with the counts, and
-each failed invocation as its own row (``tasks.events``).
+messages the pipeline sized by time, when an interactive invocation waits for
+the process (``worker/waiting.py``; else the chunk runs on, ``STAY_S`` at most).
+Flower shows the chunk by its skills and tools, batch id and item numbers
+(``chunk_repr``), its result with the counts, and each failed invocation as its
+own row (``tasks.events``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from cleveragents.wire import ChunkContext, chunk_repr
 from tasks.events import ItemEvents
 from tasks.invoke import redelivered
 from worker import app, state
+from worker.waiting import interactive_waiting
 
 __all__ = ["invoke_chunk"]
 
@@ -55,6 +58,7 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
         redelivered=redelivered(self),
         requeue=requeue,
         report_failures=failures,
+        others_waiting=interactive_waiting(self.app),
     )
     place = {} if context is None else context.summary()
     return {**place, **report.as_dict(), "failed": failures.failed, "requeued": sum(requeued)}

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from cleveragents.guard import MAX_ATTEMPTS, Claim, Guard
 from cleveragents.pipeline import Pipeline, execute, execute_chunk
-from cleveragents.pipeline.chunk import SLICE_S
+from cleveragents.pipeline.chunk import SLICE_S, STAY_S
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.stores import MemoryGuardStore, Stores
 from tests.procs import FIXTURE_SKILLS
@@ -292,7 +293,12 @@ def test_a_message_without_a_request_id_runs_unguarded_and_is_observed(
 
 
 def run_chunk(
-    pipeline: Pipeline, bodies: list[Any], *, chunk_id: str = "c-1", redelivered: bool = False
+    pipeline: Pipeline,
+    bodies: list[Any],
+    *,
+    chunk_id: str = "c-1",
+    redelivered: bool = False,
+    others_waiting: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, int], list[list[Any]]]:
     requeued: list[list[Any]] = []
 
@@ -301,7 +307,12 @@ def run_chunk(
         requeued.append(rest)
 
     report = execute_chunk(
-        pipeline, bodies, chunk_id=chunk_id, redelivered=redelivered, requeue=requeue
+        pipeline,
+        bodies,
+        chunk_id=chunk_id,
+        redelivered=redelivered,
+        requeue=requeue,
+        others_waiting=others_waiting,
     )
     return report.as_dict(), requeued
 
@@ -345,6 +356,58 @@ def test_a_chunk_requeues_what_its_time_slice_left(catalogue: Catalogue, tmp_pat
     assert requeued == [bodies[ran:]]
     assert all(r is not None for r in stored(stores, [b["request_id"] for b in bodies[:ran]]))
     assert stored(stores, [b["request_id"] for b in bodies[ran:]]) == [None] * (40 - ran)
+
+
+def test_a_quick_rest_runs_on_in_its_process_while_nothing_else_waits(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # Given a chunk of quick requests whose slices end before its last one, and no
+    # interactive invocation waiting
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    bodies = [body(READ, f"q-{i:03d}", log, sleep_s=SLICE_S / 16) for i in range(40)]
+    asked: list[float] = []
+
+    def nothing_waits() -> bool:
+        asked.append(time.monotonic())
+        return False
+
+    # When it runs
+    report, requeued = run_chunk(pipeline, bodies, others_waiting=nothing_waits)
+    # Then it ran whole, in several slices (each end asked), and nothing went back
+    assert report == {"invocations": 40, "ran": 40, "skipped": 0}
+    assert requeued == []
+    assert len(asked) >= 1
+    assert all(r is not None for r in stored(stores, [b["request_id"] for b in bodies]))
+
+
+def test_a_quick_rest_goes_back_when_an_interactive_invocation_waits(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    bodies = [body(READ, f"w-{i:03d}", log, sleep_s=SLICE_S / 16) for i in range(40)]
+    report, requeued = run_chunk(pipeline, bodies, others_waiting=lambda: True)
+    assert report["ran"] < 40
+    assert requeued == [bodies[report["ran"] :]]
+
+
+def test_a_chunk_stays_in_its_process_at_most_stay_s(catalogue: Catalogue, tmp_path: Path) -> None:
+    # Given a quick chunk far longer than STAY_S (each request a quarter of a slice)
+    stores = Stores.in_memory()
+    pipeline = make_pipeline(catalogue, stores)
+    log = tmp_path / "log"
+    count = int(STAY_S / (SLICE_S / 4)) * 3
+    bodies = [body(READ, f"l-{i:03d}", log, sleep_s=SLICE_S / 4) for i in range(count)]
+    began = time.monotonic()
+    report, requeued = run_chunk(pipeline, bodies, others_waiting=lambda: False)
+    # Then its rest went back once it had stayed STAY_S
+    assert requeued
+    assert [b for piece in requeued for b in piece] == bodies[report["ran"] :]
+    assert report["ran"] < count
+    assert time.monotonic() - began < STAY_S + 4 * SLICE_S
 
 
 def test_a_slow_chunk_stops_after_one_invocation_and_goes_back_in_pieces(

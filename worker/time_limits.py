@@ -104,8 +104,9 @@ def chunk_budget_s(budgets: Sequence[float], slice_s: float, per_check: int) -> 
 
 
 def _chunk_pacing() -> tuple[float, int]:
-    # The chunk pipeline's own pacing (cleveragents/pipeline/chunk.py).
-    return float(chunk.SLICE_S), int(chunk.CHECK_EVERY_N)
+    # The chunk pipeline's own pacing (cleveragents/pipeline/chunk.py): a chunk runs
+    # one slice, or slice after slice for up to STAY_S while nothing else waits.
+    return float(max(chunk.SLICE_S, chunk.STAY_S)), int(chunk.CHECK_EVERY_N)
 
 
 def hard_limit_s(task: Any, args: Any, catalogue: Catalogue, settings: Settings) -> float:

@@ -16,6 +16,11 @@ processes take at once. A chunk of slow tools thus spreads over every process of
 every worker within a slice or two, whatever its size; a chunk of fast tools,
 whose rest takes less than ``PIECE_S``, goes back whole, as one message.
 
+Going back costs a message (encoding the rest, a publish, a delivery, its
+lookups), and is only worth it when something else waits: a quick rest stays in
+its process for another slice when ``others_waiting`` (the worker's interactive
+queues) says nothing waits, for at most ``STAY_S`` in all.
+
 The invocations that failed are handed to ``report_failures`` once their results
 are stored (a worker shows each in Flower as its own failed row); successes are
 only counted.
@@ -41,6 +46,7 @@ __all__ = [
     "MAX_PIECES",
     "PIECE_S",
     "SLICE_S",
+    "STAY_S",
     "TAIL_S",
     "ChunkReport",
     "ItemFailure",
@@ -67,6 +73,9 @@ FLUSH_EVERY_N = 250
 PIECE_S = 0.25
 #: At most this many messages for the rest of one slice (each splits again in its turn).
 MAX_PIECES = 16
+#: A chunk whose quick rest would go back while nothing else waits runs on instead,
+#: slice after slice, for at most this long (the hard time limit counts on it).
+STAY_S = 0.25
 
 #: Sends some requests of a chunk not yet run (from this index in the chunk on) back to
 #: the end of its queue as a new message, with this id.
@@ -91,6 +100,9 @@ class ItemFailure:
 #: Told of failed invocations once their results are stored, a group at a time.
 ReportFailures = Callable[[list[ItemFailure]], None]
 
+#: Whether another message waits for this process (an interactive invocation).
+OthersWaiting = Callable[[], bool]
+
 
 @dataclass(frozen=True)
 class ChunkReport:
@@ -109,9 +121,19 @@ class _Clock:
     """The time slice of one chunk message, and how long its invocations took."""
 
     def __init__(self) -> None:
-        self.until = time.monotonic() + SLICE_S
+        self.began = time.monotonic()
+        self.until = self.began + SLICE_S
         self.durations: list[float] = []
         self.typical: float | None = None
+
+    def may_stay(self) -> bool:
+        """Whether another slice fits in the time a chunk may stay (``STAY_S``)."""
+        return time.monotonic() + SLICE_S <= self.began + STAY_S
+
+    def next_slice(self) -> None:
+        """Start another slice, measured afresh."""
+        self.until = time.monotonic() + SLICE_S
+        self.durations, self.typical = [], None
 
     def expired(self) -> bool:
         """Whether the slice is over."""
@@ -234,12 +256,15 @@ def execute_chunk(
     redelivered: bool,
     requeue: Requeue,
     report_failures: ReportFailures | None = None,
+    others_waiting: OthersWaiting | None = None,
 ) -> ChunkReport:
     """Run a chunk's requests for one time slice, storing each result; requeue the rest.
 
     The rest goes back in one or more messages, sized by the time the slice took per
-    invocation (``pieces``). ``report_failures`` is told of the failed invocations
-    after their results are stored.
+    invocation (``pieces``). A rest that would go back whole runs on for another
+    slice instead while ``others_waiting`` says nothing waits (``STAY_S`` at most;
+    without it, the rest always goes back). ``report_failures`` is told of the
+    failed invocations after their results are stored.
     """
     careful = pipeline.guard.chunk_redelivered(chunk_id, redelivered)
     work = _Slice(pipeline, careful, report_failures)
@@ -249,8 +274,13 @@ def execute_chunk(
         done += work.run_group(bodies[done : done + CHECK_EVERY_N], done, clock)
         if done < len(bodies) and clock.expired():
             work.flush()
+            sizes = pieces(len(bodies) - done, clock.per_item_s())
+            quick = len(sizes) == 1 and clock.may_stay()
+            if quick and others_waiting is not None and not others_waiting():
+                clock.next_slice()
+                continue
             start = done
-            for size in pieces(len(bodies) - done, clock.per_item_s()):
+            for size in sizes:
                 rest_id = str(uuid.uuid4())
                 if careful:  # the rest of a chunk that came back: with care too
                     pipeline.guard.care_for_rest(rest_id)
