@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Ignore
 
 from cleveragents.binding import REASON_REUSED
@@ -29,6 +30,12 @@ def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: s
     return args
 
 
+def _store_started(task: Task[Any, Any], task_id: str) -> None:
+    """Store STARTED as Celery's tracer would (``task_track_started``), for this id only."""
+    meta = {"pid": os.getpid(), "hostname": task.request.hostname}
+    task.backend.store_result(task_id, meta, states.STARTED, request=task.request)
+
+
 def redelivered(task: Task[Any, Any]) -> bool:
     """Whether the broker marked the task's message as delivered before."""
     return bool((task.request.delivery_info or {}).get("redelivered"))
@@ -40,6 +47,9 @@ def redelivered(task: Task[Any, Any]) -> bool:
     typing=False,  # the runtime, not Celery, judges the arguments
     throws=(SkillInvocationFailed,),  # an expected failure: logged on one line, no traceback
     Request="tasks.request:RedactingRequest",  # Flower never sees argument values
+    # STARTED is stored below, once the id is known to be this request's: Celery's
+    # tracer stores it before the task runs, over another request's stored failure.
+    track_started=False,
 )
 def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one skill invocation; a failed one is raised so Flower shows it as failed."""
@@ -53,6 +63,8 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         if answer.error is not None and answer.error.details.get("reason") == REASON_REUSED:
             pipeline.observe(task_id, answer)
         raise Ignore()
+    if task_id and self.app.conf.task_track_started:
+        _store_started(self, task_id)
     result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))
     payload = result_payload(result, task_id)
     if not result.success:

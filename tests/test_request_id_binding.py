@@ -295,3 +295,36 @@ def test_a_raw_chunk_reusing_an_id_overwrites_nothing(
     stored = client.get(rid)
     assert stored is not None
     assert stored.output_data == {"words": 2}
+
+
+@pytest.mark.parametrize("again", ["the same request", "another request"])
+def test_a_failed_result_is_kept_when_its_id_is_sent_again(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, again: str
+) -> None:
+    worker = start_worker(redis_url)
+    rid = f"failed-{uuid.uuid4()}"
+    # Given an invocation that failed (its arguments break the tool's schema)
+    failing = _count(rid, "")
+    failing["arguments"] = {"text": 42}
+    first = client.submit(failing["skill"], failing["tool"], failing["arguments"], request_id=rid)
+    result = first.result(timeout=60)
+    assert result.error is not None
+    assert result.error.error_type == SkillErrorType.VALIDATION_ERROR
+    # When its id comes again in a raw message: the same request, or another one
+    body = dict(failing) if again == "the same request" else _count(rid, "other words")
+    del body["request_id"]
+    with _raw_app(redis_url) as producer:
+        producer.send_task(TASK_INVOKE, args=[body], task_id=rid, queue=QUEUE_READ)
+    server = redis_lib.Redis.from_url(redis_url)
+    wait_until(lambda: server.llen(QUEUE_READ) == 0 and server.hlen("unacked") == 0, 60,
+               "the worker to take and acknowledge the message")
+    server.close()
+    # Then the stored result is still the failure (not a STARTED that never ends), and
+    # waiting on the id answers with it
+    assert client.state(rid) == "FAILURE"
+    stored = client.get(rid)
+    assert stored is not None
+    assert stored.error is not None
+    assert stored.error.error_type == SkillErrorType.VALIDATION_ERROR
+    if again == "another request":
+        assert REASON_REUSED in worker.log_text()
