@@ -7,6 +7,7 @@ or the embedded default).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
+from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # kombu 5.7; not in its stubs
 
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
@@ -49,6 +51,8 @@ from cleveragents.wire import (
 )
 
 __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
+
+log = logging.getLogger("cleveragents.client")
 
 #: Poll interval for result stores without push notifications (the embedded file store).
 POLL_INTERVAL_S = 0.02
@@ -243,7 +247,7 @@ class SkillClient:
                 return None
         self._forget_late_messages(request.request_id)
         payload = request_payload(request)
-        return self.app.send_task(
+        return self._send_task(
             TASK_INVOKE,
             args=[payload],
             task_id=request.request_id,
@@ -252,6 +256,23 @@ class SkillClient:
             kwargsrepr="{}",
             headers={SENT_AT_HEADER: time.time()},
         )
+
+    def _send_task(self, name: str, **options: Any) -> Any:
+        """``send_task``, with the message and its ``task-sent`` event in one round trip.
+
+        On Redis kombu batches the two publishes into one pipeline; a transport
+        that cannot (RabbitMQ, the embedded broker) publishes them as before. A
+        batch whose pipeline failed (delivery uncertain) is sent again the usual
+        way, with kombu's retries: a message that did arrive twice carries the
+        same id, and a worker runs an id once (``cleveragents.binding``).
+        """
+        with self.app.producer_or_acquire() as producer:
+            try:
+                with producer.batch():
+                    return self.app.send_task(name, producer=producer, **options)
+            except BatchPublishError as exc:
+                log.warning("publishing %s again: %s", options.get("task_id") or name, exc)
+                return self.app.send_task(name, producer=producer, **options)
 
     def _forget_late_messages(self, request_id: str) -> None:
         """Drop a result notification of an earlier run of ``request_id`` that arrived
@@ -277,7 +298,7 @@ class SkillClient:
         headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
         if context is not None:
             headers[BATCH_HEADER] = context.header()
-        sent = self.app.send_task(
+        sent = self._send_task(
             TASK_INVOKE_CHUNK,
             args=[payloads],
             queue=QUEUE_BATCH_WRITE if writes else QUEUE_BATCH,
