@@ -25,11 +25,12 @@ each of the private methods it builds on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from queue import Empty
 from typing import Any, cast
 
@@ -261,6 +262,8 @@ class Channel(kombu_redis.Channel):
     _queue_cycle: Any
     _expires: Any
     _q_for_pri: Any
+    _create_client: Any
+    pool: Any
     connection_errors: Any
 
     #: What the consuming connection was last sent: "fetch" (the script), "wait" (on
@@ -273,6 +276,28 @@ class Channel(kombu_redis.Channel):
     #: False once the server refused the script (no EVALSHA for this user): kombu's BRPOP.
     _atomic = True
     _script_loaded = False
+
+    #: The synchronous client of ``conn_or_acquire``, and the pool it was made for.
+    _plain_client: tuple[Any, Any] | None = None
+
+    @contextlib.contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """kombu's, with one synchronous client per pool instead of one per call.
+
+        kombu makes a new ``redis.Redis`` for every publish, acknowledgement and
+        queue size, and redis-py builds its table of reply callbacks each time (a
+        few hundred microseconds, as much as the round trip itself). A client holds
+        no connection of its own (each command takes one from the pool), so one
+        serves them all; a new pool (after the channel reconnects) gets a new one.
+        """
+        if client:
+            yield client
+            return
+        pool = self.pool
+        made = self._plain_client
+        if made is None or made[0] is not pool:
+            made = self._plain_client = (pool, self._create_client())
+        yield made[1]
 
     @property
     def supports_batch_publish(self) -> bool:

@@ -106,3 +106,23 @@ def test_a_failed_pipeline_is_published_again_the_usual_way(
     handle = producer.submit("local/common", "local/noop", {})
     assert failed
     assert _queued_ids(redis_url).count(handle.request_id) == 1
+
+
+def test_publishing_makes_no_redis_client_per_message(
+    producer: SkillClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kombu made a redis.Redis per publish, whose reply-callback table redis-py builds
+    # anew each time: as costly as the round trip itself
+    producer.submit("local/common", "local/noop", {})
+    made: list[int] = []
+    init = redis.Redis.__init__
+
+    def counted(self: redis.Redis, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counted)
+    for _ in range(20):
+        producer.submit("local/common", "local/noop", {})
+    monkeypatch.undo()
+    assert made == []
