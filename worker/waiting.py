@@ -4,9 +4,14 @@ A chunk of quick tools that ends its slice only goes back to its queue when
 something else waits for the process (``cleveragents.pipeline.execute_chunk``,
 ``others_waiting``). What waits is counted where it waits, without taking it: on
 Redis one pipeline of ``LLEN`` over the interactive queues this worker consumes,
-on RabbitMQ a passive declaration of each (its ready messages), on the embedded
-broker the queue folder. Any error answers "something waits": the chunk then goes
-back, as it always did.
+on the embedded broker the queue folder. There a worker whose processes are all
+busy holds no message it does not run (its prefetch is its concurrency), so an
+interactive invocation that waits for this process is in its queue.
+
+Not on RabbitMQ: there each queue a worker consumes has its own prefetch, so an
+interactive message waits inside the worker, where no count of the queue sees
+it; a chunk there always goes back at the end of its slice. Any error answers
+"something waits": the chunk then goes back, as it always did.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE
+from cleveragents.rabbitmq import AMQP_SCHEMES
 
 __all__ = ["interactive_queues", "interactive_waiting"]
 
@@ -41,13 +47,13 @@ def _count(connection: Any, queues: list[str]) -> int:
                 for priority in steps:
                     pipe.llen(channel._q_for_pri(queue, priority))
             return sum(int(size) for size in pipe.execute())
-    # RabbitMQ, and kombu's virtual transports (the embedded broker): ready messages.
+    # kombu's other virtual transports (the embedded broker): the messages queued.
     return sum(_ready(connection, queue) for queue in queues)
 
 
 def _ready(connection: Any, queue: str) -> int:
-    # A channel of its own: RabbitMQ closes the channel of a passive declaration of a
-    # queue not declared yet (nothing was ever sent to it: nothing waits).
+    # A channel of its own, in case the transport closes the channel of a passive
+    # declaration of a queue not declared yet (nothing was ever sent to it).
     channel = connection.channel()
     try:
         return int(channel.queue_declare(queue=queue, passive=True)[1])
@@ -61,9 +67,10 @@ def _ready(connection: Any, queue: str) -> int:
 
 
 def interactive_waiting(app: Any) -> Callable[[], bool] | None:
-    """A check of whether an interactive invocation waits; None when the worker has none."""
+    """A check of whether an interactive invocation waits; None when no check can tell
+    (RabbitMQ), or the worker consumes no interactive queue."""
     queues = interactive_queues(app)
-    if not queues:
+    if not queues or str(app.conf.broker_url or "").startswith(AMQP_SCHEMES):
         return None
 
     def waiting() -> bool:
