@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
         [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
-        [--systems plain,chunks,dramatiq,singles,batch,slow] [--check]
+        [--systems plain,events,chunks,dramatiq,singles,batch,slow] [--check]
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
 each started as its users start it, with its defaults; the trivial tool
@@ -14,6 +14,10 @@ system    what is measured                                                    ba
 plain     plain Celery, every setting a default (``benchmarks/compare_celery.py``;  -
           ``celery -A benchmarks.compare_celery worker -c 2``): ``--singles``
           ``noop.apply_async()`` then every ``.get()``; round trips one at a time
+events    the same worker with its task events on (``enable_events`` by remote     plain
+          control, as Flower sends when it starts), measured as ``plain``; not a
+          target's baseline: it shows what events cost Celery itself, since
+          cleveragents keeps its events on for Flower
 chunks    the same worker: ``noop.chunks(zip(range(lines)), 100).apply_async()`` -
           then ``.get()`` (one result per chunk of 100, no per-item result)
 dramatiq  Dramatiq with its Redis broker and results middleware              plain
@@ -78,18 +82,20 @@ CHUNK = 100  # Celery chunks of this many calls
 SKILL, NOOP, SLEEP = "local/common", "local/noop", "local/sleep"
 DB = {"cleveragents": 0, "celery": 1, "dramatiq": 2}
 
-SYSTEMS = ("plain", "dramatiq", "singles", "chunks", "batch", "slow")
+SYSTEMS = ("plain", "events", "dramatiq", "singles", "chunks", "batch", "slow")
 LABELS = {
     "plain": "plain Celery (defaults): apply_async + get",
+    "events": "plain Celery, task events on (as Flower turns them on)",
     "dramatiq": f"Dramatiq ({CONCURRENCY} processes x {DRAMATIQ_THREADS} threads): send + result",
     "singles": "cleveragents SkillClient.submit().result()",
     "chunks": f"Celery chunks(..., {CHUNK}): apply_async + get",
     "batch": "cleveragents batch run",
     "slow": "cleveragents batch run, slow tool",
 }
-BASELINE = {"dramatiq": "plain", "singles": "plain", "batch": "chunks"}
+BASELINE = {"events": "plain", "dramatiq": "plain", "singles": "plain", "batch": "chunks"}
 WORKER_OF = {
     "plain": "celery",
+    "events": "celery",
     "chunks": "celery",
     "dramatiq": "dramatiq",
     "singles": "cleveragents",
@@ -245,8 +251,12 @@ def timed_round_trips(one: Callable[[], None], samples: int) -> list[float]:
     return times
 
 
-def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System]:
-    """plain and chunks, over one app with Celery's defaults."""
+def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System, System]:
+    """plain, events and chunks, over one app with Celery's defaults.
+
+    ``events`` is ``plain`` with the worker's task events turned on by remote
+    control, as Flower does when it starts (``enable_events``), and off again after.
+    """
     os.environ["COMPARE_CELERY_URL"] = url
     from benchmarks import compare_celery
 
@@ -277,8 +287,23 @@ def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System]:
         group.forget()  # 1,000 results of 100 each: keep the Redis small
         return Run(jobs=args.lines, elapsed=elapsed)
 
+    def events(index: int) -> Run:
+        control = compare_celery.app.control
+        if not control.broadcast("enable_events", reply=True, timeout=10):
+            raise RuntimeError("the plain Celery worker did not turn its task events on")
+        try:
+            for _ in range(5):
+                one()
+            return plain(index)
+        finally:
+            control.broadcast("disable_events", reply=True, timeout=10)
+
     close = compare_celery.app.close
-    return System(one, plain, args.latency_samples, close), System(one, chunks, 0, close)
+    return (
+        System(one, plain, args.latency_samples, close),
+        System(one, events, args.latency_samples, close),
+        System(one, chunks, 0, close),
+    )
 
 
 def dramatiq_system(url: str, args: argparse.Namespace) -> System:
@@ -442,6 +467,18 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> bool:
                 f"p50 {lat:.2f}x plain (target <= {LATENCY_TARGET:g}): "
                 f"{'PASS' if ok else 'MISS'}"
             )
+            if "events" in runs:  # not a target: plain Celery as Flower users run it
+                rate_e = statistics.median(
+                    r.rate / e.rate for r, e in zip(done, runs["events"], strict=True)
+                )
+                lat_e = statistics.median(
+                    r.percentile_ms(50) / e.percentile_ms(50)
+                    for r, e in zip(done, runs["events"], strict=True)
+                )
+                verdicts.append(
+                    f"singles against plain Celery with task events on: {rate_e:.2f}x jobs/s, "
+                    f"p50 {lat_e:.2f}x"
+                )
         elif system == "batch" and known:
             rate = statistics.median(known)
             ok = rate >= THROUGHPUT_TARGET
@@ -521,9 +558,9 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
     every.workers = services(url, set(wanted), every.scratch)
     for worker in every.workers.values():
         worker.start()
-    if "plain" in wanted or "chunks" in wanted:
-        plain, chunks = celery_systems(url["celery"], args)
-        every.systems.update(plain=plain, chunks=chunks)
+    if {"plain", "events", "chunks"} & set(wanted):
+        plain, events, chunks = celery_systems(url["celery"], args)
+        every.systems.update(plain=plain, events=events, chunks=chunks)
     if "dramatiq" in wanted:
         every.systems["dramatiq"] = dramatiq_system(url["dramatiq"], args)
     if {"singles", "batch", "slow"} & set(wanted):

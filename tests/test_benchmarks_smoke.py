@@ -36,6 +36,7 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
     assert "jobs/s (round 1)" in out
     rows = {
         "plain Celery (defaults)": "baseline",
+        "plain Celery, task events on": "x plain",
         "Celery chunks(..., 100)": "baseline",
         "cleveragents SkillClient.submit().result()": "x plain",
         "cleveragents batch run, 2,000 lines": "x chunks",
@@ -50,5 +51,6 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
         row = [line for line in lines if line.startswith(label)]
         assert row, f"no row for {label!r} in:\n{out}"
         assert ratio in row[0], row[0]
-    for verdict in ("singles: ", "batch: ", "slow batch: "):
+    for verdict in ("singles: ", "singles against plain Celery with task events on", "batch: ",
+                    "slow batch: "):
         assert verdict in out
