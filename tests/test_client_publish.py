@@ -18,10 +18,10 @@ import pytest
 import redis
 from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # kombu 5.7; not in its stubs
 from kombu.transport.redis import PublishBatch  # type: ignore[attr-defined]
-from redis.connection import AbstractConnection
 
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_READ
+from tests.redis_sends import sends
 
 
 @pytest.fixture
@@ -65,16 +65,8 @@ def test_a_submission_is_one_round_trip_with_its_sent_event(
     events = redis.Redis.from_url(redis_url).pubsub()  # type: ignore[no-untyped-call]
     events.psubscribe("*celeryev*")
     producer.submit("local/common", "local/noop", {})  # connects and declares
-    sent: list[Any] = []
-    send = AbstractConnection.send_packed_command
-
-    def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
-        sent.append(command)
-        send(self, command, check_health)  # type: ignore[no-untyped-call]
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
-    handle = producer.submit("local/common", "local/noop", {})
-    monkeypatch.undo()
+    with sends(monkeypatch) as sent:
+        handle = producer.submit("local/common", "local/noop", {})
 
     # Besides Celery's own subscription to the result's notification: one send holds
     # the message, its doorbell and its task-sent event

@@ -358,15 +358,22 @@ def test_a_chunk_requeues_what_its_time_slice_left(catalogue: Catalogue, tmp_pat
     assert stored(stores, [b["request_id"] for b in bodies[ran:]]) == [None] * (40 - ran)
 
 
+def _timed_chunk(
+    catalogue: Catalogue, tmp_path: Path, count: int, sleep_s: float
+) -> tuple[Stores, Pipeline, list[Any]]:
+    """Fresh stores, a pipeline over them, and ``count`` reads of ``sleep_s`` each."""
+    stores = Stores.in_memory()
+    log = tmp_path / "log"
+    bodies = [body(READ, f"t-{i:03d}", log, sleep_s=sleep_s) for i in range(count)]
+    return stores, make_pipeline(catalogue, stores), bodies
+
+
 def test_a_quick_rest_runs_on_in_its_process_while_nothing_else_waits(
     catalogue: Catalogue, tmp_path: Path
 ) -> None:
     # Given a chunk of quick requests whose slices end before its last one, and no
     # interactive invocation waiting
-    stores = Stores.in_memory()
-    pipeline = make_pipeline(catalogue, stores)
-    log = tmp_path / "log"
-    bodies = [body(READ, f"q-{i:03d}", log, sleep_s=SLICE_S / 16) for i in range(40)]
+    stores, pipeline, bodies = _timed_chunk(catalogue, tmp_path, 40, SLICE_S / 16)
     asked: list[float] = []
 
     def nothing_waits() -> bool:
@@ -385,10 +392,7 @@ def test_a_quick_rest_runs_on_in_its_process_while_nothing_else_waits(
 def test_a_quick_rest_goes_back_when_an_interactive_invocation_waits(
     catalogue: Catalogue, tmp_path: Path
 ) -> None:
-    stores = Stores.in_memory()
-    pipeline = make_pipeline(catalogue, stores)
-    log = tmp_path / "log"
-    bodies = [body(READ, f"w-{i:03d}", log, sleep_s=SLICE_S / 16) for i in range(40)]
+    _, pipeline, bodies = _timed_chunk(catalogue, tmp_path, 40, SLICE_S / 16)
     report, requeued = run_chunk(pipeline, bodies, others_waiting=lambda: True)
     assert report["ran"] < 40
     assert requeued == [bodies[report["ran"] :]]
@@ -396,11 +400,8 @@ def test_a_quick_rest_goes_back_when_an_interactive_invocation_waits(
 
 def test_a_chunk_stays_in_its_process_at_most_stay_s(catalogue: Catalogue, tmp_path: Path) -> None:
     # Given a quick chunk far longer than STAY_S (each request a quarter of a slice)
-    stores = Stores.in_memory()
-    pipeline = make_pipeline(catalogue, stores)
-    log = tmp_path / "log"
     count = int(STAY_S / (SLICE_S / 4)) * 3
-    bodies = [body(READ, f"l-{i:03d}", log, sleep_s=SLICE_S / 4) for i in range(count)]
+    _, pipeline, bodies = _timed_chunk(catalogue, tmp_path, count, SLICE_S / 4)
     began = time.monotonic()
     report, requeued = run_chunk(pipeline, bodies, others_waiting=lambda: False)
     # Then its rest went back once it had stayed STAY_S

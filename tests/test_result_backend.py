@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, states
-from redis.connection import AbstractConnection
 
 from cleveragents.result_backend import BACKEND_CLASS, RedisBackend, worker_result_backend
+from tests.redis_sends import sends
 
 
 @pytest.fixture
@@ -53,16 +53,8 @@ def test_a_state_is_stored_in_one_round_trip_with_its_time_to_live(
 ) -> None:
     server = redis.Redis.from_url(redis_url)
     backend.store_result("t1", {"pid": 1}, states.STARTED)  # loads the script
-    sent: list[Any] = []
-    send = AbstractConnection.send_packed_command
-
-    def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
-        sent.append(command)
-        send(self, command, check_health)  # type: ignore[no-untyped-call]
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
-    backend.store_result("t1", {"words": 2}, states.SUCCESS)
-    monkeypatch.undo()
+    with sends(monkeypatch) as sent:
+        backend.store_result("t1", {"words": 2}, states.SUCCESS)
 
     assert len(sent) == 1, sent  # Celery's own: a GET, then SET and PUBLISH in a pipeline
     stored = _stored(redis_url, "t1")
