@@ -289,14 +289,14 @@ def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System, 
 
     def events(index: int) -> Run:
         control = compare_celery.app.control
-        if not control.broadcast("enable_events", reply=True, timeout=10):
+        if not control.broadcast("enable_events", reply=True, timeout=10, limit=1):
             raise RuntimeError("the plain Celery worker did not turn its task events on")
         try:
             for _ in range(5):
                 one()
             return plain(index)
         finally:
-            control.broadcast("disable_events", reply=True, timeout=10)
+            control.broadcast("disable_events", reply=True, timeout=10, limit=1)
 
     close = compare_celery.app.close
     return (
