@@ -303,6 +303,8 @@ class Flaky:
         self.failed: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
+        if name == "connection_pool":  # commands packed by the stores themselves (stores/resp.py)
+            return FlakyPool(self.client.connection_pool, self.failed)
         method = getattr(self.client, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -312,6 +314,23 @@ class Flaky:
             return method(*args, **kwargs)
 
         return call
+
+
+class FlakyPool:
+    """A connection pool whose first connection is lost on the way, then works."""
+
+    def __init__(self, pool: Any, failed: set[str]) -> None:
+        self.pool = pool
+        self.failed = failed
+
+    def get_connection(self) -> Any:
+        if "connection_pool" not in self.failed:
+            self.failed.add("connection_pool")
+            raise redis.ConnectionError("connection lost (test)")
+        return self.pool.get_connection()
+
+    def release(self, connection: Any) -> None:
+        self.pool.release(connection)
 
 
 def test_every_redis_store_rides_out_a_lost_connection(redis_url: str) -> None:

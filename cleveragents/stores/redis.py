@@ -27,6 +27,7 @@ from cleveragents.constants import (
 )
 from cleveragents.retry import retrying
 from cleveragents.stores.base import Claim, MetricCounts
+from cleveragents.stores.resp import Arg, Script, pipelined
 from cleveragents.stores.results import KeyValueResults
 
 __all__ = ["RedisBatchLedger", "RedisGuardStore", "RedisMetricStore", "RedisResultStore"]
@@ -147,18 +148,21 @@ class RedisGuardStore:
             if self.scripted and len(pairs) >= _SCRIPT_FROM:
                 digests = [digest for _, digest in pairs]
                 return list(self._bind_script(keys=keys, args=[self.ttl, *digests]))
-            with self.client.pipeline(transaction=False) as pipe:
-                for key, (_, digest) in zip(keys, pairs, strict=True):
-                    pipe.set(key, digest, nx=True, get=True, ex=self.ttl)
-                return list(pipe.execute())
+            return pipelined(
+                self.client,
+                [
+                    ("SET", key, digest, "NX", "GET", "EX", self.ttl)
+                    for key, (_, digest) in zip(keys, pairs, strict=True)
+                ],
+            )
 
         # A reply lost to a broken connection is sent again and finds its own digest:
         # the same request, as it is.
         return [None if raw is None else _text(raw) for raw in retrying(bind_all)]
 
     @cached_property
-    def _bind_script(self) -> Any:
-        return self.client.register_script(_BIND_LUA)
+    def _bind_script(self) -> Script:
+        return Script(self.client, _BIND_LUA)
 
     def binding(self, request_id: str) -> str | None:
         """The digest under the id's bind key, if any."""
@@ -186,7 +190,8 @@ class RedisResultStore(KeyValueResults):
 
     def _read(self, request_ids: Sequence[str]) -> Sequence[Any]:
         keys = [self.key_for(rid) for rid in request_ids]
-        return list(retrying(lambda: self.client.mget(keys)))
+        [values] = retrying(lambda: pipelined(self.client, [("MGET", *keys)]))
+        return list(values)
 
     def _write(self, metas: Sequence[tuple[str, dict[str, Any]]]) -> None:
         # No PUBLISH per result (Celery's own store does one): it would double the
@@ -201,16 +206,14 @@ class RedisResultStore(KeyValueResults):
                 ttl = int(self.expires_s or 0)
                 self._put_script(keys=keys, args=[ttl, *(value for _, value in encoded)])
                 return
-            with self.client.pipeline(transaction=False) as pipe:
-                for key, value in encoded:
-                    pipe.set(key, value, ex=self.expires_s)
-                pipe.execute()
+            expiry: tuple[Arg, ...] = ("EX", self.expires_s) if self.expires_s else ()
+            pipelined(self.client, [("SET", key, value, *expiry) for key, value in encoded])
 
         retrying(write)
 
     @cached_property
-    def _put_script(self) -> Any:
-        return self.client.register_script(_PUT_LUA)
+    def _put_script(self) -> Script:
+        return Script(self.client, _PUT_LUA)
 
     def _delete(self, request_ids: Sequence[str]) -> None:
         keys = [self.key_for(rid) for rid in request_ids]
