@@ -39,6 +39,7 @@ __all__ = [
     "BUCKETS",
     "CLOSE_WAIT_S",
     "FLUSH_S",
+    "MAX_CACHED_SERIES",
     "REASONS",
     "ZERO_SERIES",
     "MetricsRecorder",
@@ -118,6 +119,8 @@ KnownTool = Callable[[str, str], bool]
 UNKNOWN_LABEL = "unknown"
 #: Longest label value kept.
 MAX_LABEL_CHARS = 120
+#: Label sets whose series keys a process keeps encoded (``MetricsRecorder``).
+MAX_CACHED_SERIES = 4096
 
 
 def reason_label(result: SkillResult) -> str:
@@ -157,6 +160,9 @@ class MetricsRecorder:
     def __init__(self, store: MetricStore, known: KnownTool | None = None) -> None:
         self.store = store
         self._known = known
+        #: The three series keys of each label set seen (names as sent, outcome, error,
+        #: reason, bucket): JSON-encoding them was most of a quick invocation's count.
+        self._keys: dict[tuple[str, ...], tuple[str, str, str]] = {}
         self._pid = -1
         self._own_process()
 
@@ -179,17 +185,33 @@ class MetricsRecorder:
         self._own_process()
         error = result.error.error_type if result.error is not None else ""
         outcome = "success" if result.success else "failure"
-        skill, tool_name = self._labels(result.skill_name, result.tool_name)
-        key = json.dumps([skill, tool_name, outcome, str(error), reason_label(result)])
         seconds = max(0.0, result.duration_ms / 1000)
-        series = json.dumps([skill, tool_name, outcome])
         bucket = next((b for b in BUCKETS if seconds <= b), "+Inf")
+        labels = (result.skill_name, result.tool_name, outcome, str(error), reason_label(result))
+        key, series, duration = self._series(labels, str(bucket))
         with self._lock:
             counts = self._counts
             counts.invocations[key] += 1
-            counts.durations[json.dumps([skill, tool_name, outcome, str(bucket)])] += 1
+            counts.durations[duration] += 1
             counts.sums[series] = counts.sums.get(series, 0.0) + seconds
         self._ensure_flusher()
+
+    def _series(self, labels: tuple[str, str, str, str, str], bucket: str) -> tuple[str, str, str]:
+        """The invocation, sum and duration-bucket series keys of ``labels`` and ``bucket``."""
+        cached = self._keys.get((*labels, bucket))
+        if cached is not None:
+            return cached
+        if len(self._keys) >= MAX_CACHED_SERIES:  # names a producer made up: start afresh
+            self._keys.clear()
+        name, tool_name, outcome, error, reason = labels
+        skill, tool = self._labels(name, tool_name)
+        keys = (
+            json.dumps([skill, tool, outcome, error, reason]),
+            json.dumps([skill, tool, outcome]),
+            json.dumps([skill, tool, outcome, bucket]),
+        )
+        self._keys[(*labels, bucket)] = keys
+        return keys
 
     def start(self, tools: Iterable[tuple[str, str]] = ()) -> bool:
         """Start the series of ``tools`` at zero: flushed now, waiting at most ``CLOSE_WAIT_S``."""

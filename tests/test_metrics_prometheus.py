@@ -24,7 +24,14 @@ from typing import Any
 import pytest
 
 from cleveragents.client import SkillClient
-from cleveragents.metrics import BUCKETS, REASONS, ZERO_SERIES, MetricsRecorder, reason_label
+from cleveragents.metrics import (
+    BUCKETS,
+    MAX_CACHED_SERIES,
+    REASONS,
+    ZERO_SERIES,
+    MetricsRecorder,
+    reason_label,
+)
 from cleveragents.outcomes import failed_result
 from cleveragents.skills import Catalogue, SkillErrorType, SkillResult
 from cleveragents.stores import MemoryMetricStore, MetricCounts
@@ -99,6 +106,23 @@ def test_close_adds_what_is_pending_at_once() -> None:
     recorder.record(_failed({"reason": "timeout"}))
     assert recorder.close(5)
     assert sum(store.totals().invocations.values()) == 2
+
+
+def test_names_a_producer_makes_up_keep_few_series_keys_and_count_as_unknown() -> None:
+    # Given a recorder that knows one tool
+    store = MemoryMetricStore()
+    recorder = MetricsRecorder(store, lambda skill, tool: (skill, tool) == ("s", "t"))
+    # When it counts far more made-up names than it keeps keys for, and the known one
+    made_up = MAX_CACHED_SERIES + 100
+    for n in range(made_up):
+        recorder.record(SkillResult(skill_name=f"s{n}", tool_name="t", success=True))
+    recorder.record(_ok())
+    recorder.record(_ok())
+    assert recorder.close(5)
+    # Then its keys stay bounded and every count lands under the right labels
+    assert len(recorder._keys) <= MAX_CACHED_SERIES
+    counts = {tuple(json.loads(k))[:3]: n for k, n in store.totals().invocations.items()}
+    assert counts == {("unknown", "unknown", "success"): made_up, ("s", "t", "success"): 2}
 
 
 def test_close_gives_up_after_its_wait_when_the_store_does_not_answer() -> None:
