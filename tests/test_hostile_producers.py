@@ -223,9 +223,10 @@ def test_broadcast_shutdown_and_add_consumer_are_refused_by_default(
     # Given a worker with default settings
     worker = start_worker(redis_url)
 
-    # When anyone on the broker broadcasts shutdown and add_consumer
-    replies = client.app.control.broadcast("shutdown", reply=True, timeout=5, limit=1)
-    client.app.control.add_consumer("skills.elsewhere", reply=True, timeout=5, limit=1)
+    # When anyone on the broker broadcasts shutdown and add_consumer (limit=1: each
+    # returns at the worker's reply; the time-out only matters on a loaded machine)
+    replies = client.app.control.broadcast("shutdown", reply=True, timeout=15, limit=1)
+    client.app.control.add_consumer("skills.elsewhere", reply=True, timeout=15, limit=1)
     time.sleep(2)
 
     # Then the worker says no, keeps running, consumes what it did, and still answers inspect
