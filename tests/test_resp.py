@@ -34,7 +34,7 @@ def test_an_argument_that_is_neither_text_bytes_nor_a_number_is_refused() -> Non
             pack(("SET", "k", bad))  # type: ignore[arg-type]
 
 
-def test_replies_are_those_of_redis_py_in_order(client: redis.Redis) -> None:
+def test_replies_are_redis_own_in_order(client: redis.Redis) -> None:
     client.set("a", "1")
     replies = pipelined(
         client,
@@ -97,3 +97,12 @@ def test_a_script_is_loaded_where_redis_lacks_it(client: redis.Redis) -> None:
 
 def test_nothing_to_send_sends_nothing(client: redis.Redis) -> None:
     assert pipelined(client, []) == []
+
+
+def test_a_large_argument_is_sent_as_it_is_and_stored_whole(client: redis.Redis) -> None:
+    big = bytes(range(256)) * 1024  # 256 KiB, past the size sent without copying
+    replies = pipelined(client, [("SET", "big", big), ("SET", "small", "s"), ("GET", "big")])
+    assert replies == [b"OK", b"OK", big]
+    assert pack(("SET", "big", big)) == b"".join(
+        redis.Connection().pack_command("SET", "big", big)  # type: ignore[no-untyped-call]
+    )
