@@ -106,3 +106,12 @@ def test_a_large_argument_is_sent_as_it_is_and_stored_whole(client: redis.Redis)
     assert pack(("SET", "big", big)) == b"".join(
         redis.Connection().pack_command("SET", "big", big)  # type: ignore[no-untyped-call]
     )
+
+
+def test_an_id_holding_protocol_text_stays_one_argument(client: redis.Redis) -> None:
+    # A producer picks its request ids: one that spells out a command must not become one.
+    hostile = "x\r\n*1\r\n$8\r\nFLUSHALL\r\n"
+    client.set("kept", "1")
+    assert pipelined(client, [("SET", hostile, "v"), ("GET", hostile)]) == [b"OK", b"v"]
+    assert client.get("kept") == b"1"
+    assert client.get(hostile) == b"v"
