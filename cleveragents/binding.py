@@ -50,7 +50,10 @@ def content_digest(body: Any) -> str:
         asked: Any = {k: body.get(k) for k in ("skill", "tool", "arguments")}
     else:
         asked = body
-    text = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=repr)
+    try:
+        text = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=repr)
+    except RecursionError:  # nested far past MAX_NESTING_DEPTH: refused as that, whatever it asks
+        text = "nested too deeply"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

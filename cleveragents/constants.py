@@ -50,6 +50,11 @@ DOOR_KEY_PREFIX = "cleveragents:door:"
 
 #: Largest arguments accepted, in bytes of their JSON.
 MAX_REQUEST_BYTES = 1_000_000
+#: Deepest arguments and tool output accepted, in objects and arrays counted from the
+#: outermost: deeper, a structure breaks the encoders on its way (JSON and kombu at a depth
+#: that depends on the call stack, pydantic's at about 250), and a result could not be
+#: stored. serde_json's default limit is the same.
+MAX_NESTING_DEPTH = 128
 #: Largest message a worker decodes; bigger ones get a validation_error undecoded.
 MAX_MESSAGE_BYTES = 16_000_000
 #: A batch chunk is sent before its arguments reach this many bytes of JSON.

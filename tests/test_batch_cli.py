@@ -183,8 +183,14 @@ def _file_with_bad_lines(tmp_path: Path, count_file: Path) -> tuple[Path, list[s
         '["a", "json", "array"]',  # line 4
         {"skill": "test/batch", "arguments": {}},  # line 5: no tool
         tally_line(count_file, "c"),
+        # line 7: JSON nested past what a parser's stack takes
+        '{"skill": "test/batch", "tool": "test/tally", "arguments": {"a": '
+        + "[" * 100_000 + "]" * 100_000 + "}}",
+        # line 8: valid JSON, arguments nested past the depth limit
+        '{"skill": "test/batch", "tool": "test/tally", "arguments": {"a": '
+        + "[" * 500 + "]" * 500 + "}}",
     ]
-    kinds = [None, "bad", None, "bad", "bad", None]
+    kinds = [None, "bad", None, "bad", "bad", None, "bad", "bad"]
     return write_jsonl(tmp_path / "bad.jsonl", lines), kinds
 
 
@@ -200,7 +206,7 @@ def test_bad_lines_are_reported_with_their_numbers_and_the_others_still_run(
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    for number in (2, 4, 5):
+    for number in (2, 4, 5, 7, 8):
         assert f"line {number}:" in done.stderr
     for number in (1, 3, 6):
         assert f"line {number}:" not in done.stderr
@@ -230,7 +236,7 @@ def test_strict_runs_nothing_when_a_line_is_bad(
 
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    for number in (2, 4, 5):
+    for number in (2, 4, 5, 7, 8):
         assert f"line {number}:" in done.stderr
     # Give a wrongly submitted request every chance to run before checking nothing did.
     time.sleep(1.0)

@@ -82,6 +82,23 @@ def test_a_request_id_reused_for_other_arguments_runs_nothing_and_names_its_fix(
     assert "fix: give this request a request id of its own" in human.stderr
 
 
+@pytest.mark.parametrize("depth", [300, 20_000])
+def test_arguments_nested_too_deeply_get_one_line_that_names_the_limit(
+    tmp_path: Path, depth: int
+) -> None:
+    # 300: valid JSON past the limit; 20,000: past what the JSON parser's stack takes.
+    deep = '{"a": ' + "[" * depth + "]" * depth + "}"
+
+    done = _submit(tmp_path, "local/text-tools", "local/word-count", "--args", deep)
+
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "RecursionError" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert "nested" in done.stderr
+    assert "128" in done.stderr
+
+
 def test_every_refusal_gate_and_limit_has_a_fix() -> None:
     for details in ({"gate": "request_disallows_writes"}, {"gate": "worker_read_only"},
                     {"gate": "skill_read_only"}, {"reason": "timeout"},

@@ -328,3 +328,14 @@ def test_a_failed_result_is_kept_when_its_id_is_sent_again(
     assert stored.error.error_type == SkillErrorType.VALIDATION_ERROR
     if again == "another request":
         assert REASON_REUSED in worker.log_text()
+
+
+def test_a_body_nested_past_any_encoders_stack_still_has_a_digest() -> None:
+    # A raw producer's body decodes (kombu) yet is too deep to encode again on the
+    # worker's deeper stack: the id check must still answer, not raise.
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    body = {"skill": "s/k", "tool": "t/l", "arguments": {"a": deep}}
+    assert content_digest(body) == content_digest(dict(body))
+    assert content_digest(body) != content_digest({**body, "arguments": {}})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cleveragents.constants import MAX_NESTING_DEPTH
 from cleveragents.runtime import (
     invoke,
 )
@@ -258,6 +259,26 @@ def test_a_return_value_that_is_not_json_is_a_tool_execution_failure(function: s
     failed(result, SkillErrorType.TOOL_EXECUTION_FAILURE)
     assert result.error is not None
     assert "JSON" in result.error.message
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING_DEPTH, 300, 5000])
+def test_output_nested_past_the_depth_limit_is_a_tool_execution_failure(depth: int) -> None:
+    # Deeper, the result could not be stored: pydantic's and JSON's encoders give up.
+    cat = single(py_tool("test/deep", "return_deep"))
+
+    result = run(request("test/deep", arguments={"depth": depth}), cat)
+
+    details = failed(result, SkillErrorType.TOOL_EXECUTION_FAILURE)
+    assert details["limit"] == MAX_NESTING_DEPTH
+
+
+def test_output_nested_up_to_the_depth_limit_is_delivered() -> None:
+    cat = single(py_tool("test/deep", "return_deep"))
+
+    result = run(request("test/deep", arguments={"depth": MAX_NESTING_DEPTH - 2}), cat)
+
+    assert result.success, result.error
+    assert result.model_dump_json()
 
 
 def test_output_is_delivered_as_the_json_wire_carries_it() -> None:

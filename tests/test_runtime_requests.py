@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cleveragents.constants import MAX_REQUEST_BYTES
+from cleveragents.constants import MAX_NESTING_DEPTH, MAX_REQUEST_BYTES
 from cleveragents.runtime import (
     DEFAULT_TIMEOUT_S,
     SkillInvocationRequest,
@@ -61,6 +61,35 @@ def test_arguments_over_the_request_size_limit_are_a_validation_error() -> None:
     details = failed(result, SkillErrorType.VALIDATION_ERROR)
     assert details["limit"] == MAX_REQUEST_BYTES
     assert (result.skill_name, result.tool_name) == (SKILL, "test/echo")
+
+
+def _nested(depth: int) -> Any:
+    """A value ``depth`` containers deep (the arguments object itself is one more)."""
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING_DEPTH + 1, 900, 5000])
+def test_arguments_nested_past_the_depth_limit_are_a_validation_error(depth: int) -> None:
+    # Deep enough, a structure breaks every recursive encoder on its way (the size
+    # check, the content digest, kombu) at a depth that depends on the call stack.
+    cat = single(py_tool("test/echo", "echo"))
+
+    result = run(request("test/echo", arguments={"text": _nested(depth)}), cat)
+
+    details = failed(result, SkillErrorType.VALIDATION_ERROR)
+    assert details["limit"] == MAX_NESTING_DEPTH
+    assert "nested" in (result.error.message if result.error else "")
+
+
+def test_arguments_nested_up_to_the_depth_limit_are_accepted() -> None:
+    cat = single(py_tool("test/echo", "echo"))
+
+    result = run(request("test/echo", arguments={"text": _nested(MAX_NESTING_DEPTH - 1)}), cat)
+
+    assert result.success, result
 
 
 def test_the_request_size_limit_can_be_lowered() -> None:

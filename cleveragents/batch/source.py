@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cleveragents.constants import MAX_NESTING_DEPTH
 from cleveragents.errors import SchemaValidationError
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
@@ -46,6 +47,14 @@ def parse_line(source: str, line: int, text: str, *, allow_writes: bool) -> Batc
     except json.JSONDecodeError as exc:
         return BatchItem(
             line, derived_request_id(source, line, text), None, f"line {line}: not JSON ({exc.msg})"
+        )
+    except RecursionError:  # deeper than the parser's stack: far past MAX_NESTING_DEPTH
+        return BatchItem(
+            line,
+            derived_request_id(source, line, text),
+            None,
+            f"line {line}: JSON nested too deeply to read (at most {MAX_NESTING_DEPTH} "
+            "objects or arrays deep)",
         )
     if not isinstance(data, dict):
         return BatchItem(

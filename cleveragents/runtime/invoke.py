@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cleveragents.constants import MAX_REQUEST_BYTES
+from cleveragents.constants import MAX_NESTING_DEPTH, MAX_REQUEST_BYTES
 from cleveragents.error_types import SkillErrorType
 from cleveragents.errors import SchemaValidationError, ToolExecutionError, ToolOutputTooLarge
 from cleveragents.outcomes import failed_result, failed_with, names_of
@@ -75,6 +75,29 @@ def _describe(exc: ValidationError) -> tuple[str, list[dict[str, str]]]:
     ), problems
 
 
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds objects or arrays more than ``limit`` deep (itself: 1).
+
+    Walked without recursion, so that no depth breaks it; scalars cost a type check.
+    Objects are dicts (what JSON can encode), arrays lists or tuples.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend(
+            (child, depth + 1) for child in children if isinstance(child, dict | list | tuple)
+        )
+    return False
+
+
 def parse_request(
     raw: SkillInvocationRequest | Mapping[str, Any] | Any, *, max_bytes: int = MAX_REQUEST_BYTES
 ) -> SkillInvocationRequest:
@@ -96,6 +119,11 @@ def parse_request(
         except ValidationError as exc:
             message, problems = _describe(exc)
             raise SchemaValidationError(message, details={"errors": problems}) from None
+    if nested_deeper(request.arguments, MAX_NESTING_DEPTH):
+        raise SchemaValidationError(
+            f"arguments are nested more than {MAX_NESTING_DEPTH} objects or arrays deep",
+            details={"limit": MAX_NESTING_DEPTH},
+        )
     try:
         size = len(json.dumps(request.arguments, separators=(",", ":"), default=str))
     except (ValueError, RecursionError) as exc:  # a circular or absurdly deep structure
@@ -157,9 +185,15 @@ def _as_json(value: Any, tool: str, what: str, budget: int, limit: int) -> tuple
     """``value`` as the JSON wire will carry it (tuples become lists, keys strings), and its size.
 
     Raises:
-        ToolExecutionError: not JSON-serialisable.
+        ToolExecutionError: not JSON-serialisable, or nested past ``MAX_NESTING_DEPTH``.
         ToolOutputTooLarge: more than ``budget`` bytes of JSON.
     """
+    if nested_deeper(value, MAX_NESTING_DEPTH):
+        raise ToolExecutionError(
+            f"tool {tool!r} returned {what} nested more than {MAX_NESTING_DEPTH} objects or "
+            "arrays deep",
+            details={"limit": MAX_NESTING_DEPTH},
+        )
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -206,8 +240,11 @@ def _execute(
     data, size = _as_json(data, tool.name, "output", max_output_bytes, max_output_bytes)
     if changes:
         changes, _ = _as_json(
-            changes, tool.name, "output and resource changes",
-            max_output_bytes - size, max_output_bytes,
+            changes,
+            tool.name,
+            "output and resource changes",
+            max_output_bytes - size,
+            max_output_bytes,
         )
     validate(tool.output_schema, data, root="output", source="tool output_schema")
     validate(definition.output_schema, data, root="output", source="skill output_schema")
