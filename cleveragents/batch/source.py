@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cleveragents.constants import MAX_NESTING_DEPTH
 from cleveragents.errors import SchemaValidationError
-from cleveragents.runtime.invoke import parse_request
+from cleveragents.runtime.invoke import parse_request, read_json
 from cleveragents.runtime.request import SkillInvocationRequest
 
 __all__ = ["BatchItem", "derived_request_id", "read_jsonl"]
@@ -43,18 +42,10 @@ def _named(data: Any, key: str) -> str:
 def parse_line(source: str, line: int, text: str, *, allow_writes: bool) -> BatchItem:
     """Turn one line into a ``BatchItem``; ``allow_writes`` on the line counts only if allowed."""
     try:
-        data = json.loads(text)
+        data = read_json(text)
     except json.JSONDecodeError as exc:
         return BatchItem(
             line, derived_request_id(source, line, text), None, f"line {line}: not JSON ({exc.msg})"
-        )
-    except RecursionError:  # deeper than the parser's stack: far past MAX_NESTING_DEPTH
-        return BatchItem(
-            line,
-            derived_request_id(source, line, text),
-            None,
-            f"line {line}: JSON nested too deeply to read (at most {MAX_NESTING_DEPTH} "
-            "objects or arrays deep)",
         )
     if not isinstance(data, dict):
         return BatchItem(

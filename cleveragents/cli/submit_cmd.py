@@ -13,10 +13,11 @@ import click
 from cleveragents.binding import RequestIdReused
 from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import UNKNOWN, SkillClient
-from cleveragents.constants import MAX_NESTING_DEPTH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
+from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.errors import SchemaValidationError
 from cleveragents.hints import failure_lines
+from cleveragents.runtime.invoke import read_json
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from cleveragents.wire import result_payload
@@ -40,14 +41,9 @@ def _arguments(raw: str | None, path: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
+        value = read_json(text)
     except ValueError as exc:
         raise CliFailure(f"arguments are not valid JSON: {exc}") from None
-    except RecursionError:
-        raise CliFailure(
-            f"arguments are nested too deeply to read: at most {MAX_NESTING_DEPTH} objects or "
-            "arrays deep"
-        ) from None
     if not isinstance(value, dict):
         raise CliFailure("arguments must be a JSON object")
     return value

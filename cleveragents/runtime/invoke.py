@@ -36,7 +36,9 @@ __all__ = [
     "BeforeWrite",
     "effective_timeout",
     "invoke",
+    "nested_deeper",
     "parse_request",
+    "read_json",
     "timeout_of",
 ]
 
@@ -96,6 +98,18 @@ def nested_deeper(value: Any, limit: int) -> bool:
             (child, depth + 1) for child in children if isinstance(child, dict | list | tuple)
         )
     return False
+
+
+def read_json(text: str) -> Any:
+    """``json.loads`` of text a producer wrote; nested too deep for the parser's stack is
+    a ``json.JSONDecodeError`` like any other text that is not JSON (not a RecursionError).
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError(
+            f"nested more than {MAX_NESTING_DEPTH} objects or arrays deep", text, 0
+        ) from None
 
 
 def parse_request(
