@@ -20,9 +20,9 @@ import pytest
 
 from cleveragents.guard import MAX_ATTEMPTS, Claim, Guard
 from cleveragents.pipeline import Pipeline, execute, execute_chunk
-from cleveragents.pipeline.chunk import SLICE_S, STAY_S
+from cleveragents.pipeline.chunk import FIRST_GROUP, MAX_GROUP, SLICE_S, STAY_S, TAIL_S
 from cleveragents.skills import Catalogue, SkillResult
-from cleveragents.stores import MemoryGuardStore, Stores
+from cleveragents.stores import MemoryGuardStore, ResultStore, Stores
 from tests.procs import FIXTURE_SKILLS
 
 SKILL = "test/faults"
@@ -409,6 +409,72 @@ def test_a_chunk_stays_in_its_process_at_most_stay_s(catalogue: Catalogue, tmp_p
     assert [b for piece in requeued for b in piece] == bodies[report["ran"] :]
     assert report["ran"] < count
     assert time.monotonic() - began < STAY_S + 4 * SLICE_S
+
+
+class LookupSizes:
+    """A result store that records how many ids each lookup of stored results asks for."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self.store = store
+        self.sizes: list[int] = []
+
+    def reusable(self, ids: list[str], *args: Any, **kwargs: Any) -> Any:
+        self.sizes.append(len(ids))
+        return self.store.reusable(ids, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def _looked_up(catalogue: Catalogue, bodies: list[Any]) -> tuple[dict[str, int], list[int]]:
+    stores = Stores.in_memory()
+    results = LookupSizes(stores.results)
+    pipeline = Pipeline(catalogue, Guard(stores.guard), results)  # type: ignore[arg-type]
+    report, _ = run_chunk(pipeline, bodies, others_waiting=lambda: False)
+    return report, results.sizes
+
+
+def test_quick_tools_are_looked_up_in_groups_sized_by_time(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # Given a chunk of 600 quick requests (a line appended to a file each)
+    bodies = [body(READ, f"q-{i:03d}", tmp_path / "log") for i in range(600)]
+    # When it runs
+    report, sizes = _looked_up(catalogue, bodies)
+    # Then the first group is FIRST_GROUP, and the next ones hold about TAIL_S of
+    # invocations at the rate measured: more per round trip, at most MAX_GROUP
+    assert report["ran"] == 600
+    assert sizes[0] == FIRST_GROUP
+    assert max(sizes) > FIRST_GROUP
+    assert max(sizes) <= MAX_GROUP
+
+
+def test_slower_tools_keep_groups_of_first_group(catalogue: Catalogue, tmp_path: Path) -> None:
+    # Given requests that each take a tenth of TAIL_S: ten fit in TAIL_S, fewer than
+    # FIRST_GROUP, so every group is FIRST_GROUP (or the rest of the chunk)
+    bodies = [body(READ, f"m-{i:03d}", tmp_path / "log", sleep_s=TAIL_S / 10) for i in range(80)]
+    _, sizes = _looked_up(catalogue, bodies)
+    assert all(size <= FIRST_GROUP for size in sizes)
+
+
+def test_no_invocation_starts_later_than_tail_s_past_the_slice(
+    catalogue: Catalogue, tmp_path: Path
+) -> None:
+    # Given a chunk of 40 instant requests, then 30 that each take 0.8 TAIL_S: the
+    # typical invocation (the median) stays instant, so the group's rest looks quick
+    log = tmp_path / "log"
+    bodies = [body(READ, f"i-{i:03d}", log) for i in range(40)]
+    bodies += [body(READ, f"w-{i:03d}", log, sleep_s=TAIL_S * 0.8) for i in range(30)]
+    _, pipeline, _ = _timed_chunk(catalogue, tmp_path, 0, 0)
+    # When it runs while something else waits (so that its rest goes back)
+    began = time.monotonic()
+    report, requeued = run_chunk(pipeline, bodies, others_waiting=lambda: True)
+    # Then it stopped within TAIL_S past its slice, plus the invocation under way,
+    # not at the end of its group; the rest went back
+    assert report["ran"] < 40 + 30
+    assert requeued == [bodies[report["ran"] :]]
+    assert report["ran"] <= 40 + int((SLICE_S + TAIL_S) / (TAIL_S * 0.8)) + 2
+    assert time.monotonic() - began < SLICE_S + 2 * TAIL_S + 0.5
 
 
 def test_a_slow_chunk_stops_after_one_invocation_and_goes_back_in_pieces(

@@ -12,7 +12,7 @@ from billiard.exceptions import TimeLimitExceeded
 from cleveragents.constants import HARD_LIMIT_GRACE_S, TASK_INVOKE, TASK_INVOKE_CHUNK
 from cleveragents.errors import ConfigurationError
 from cleveragents.guard import CLAIM_GRACE_S
-from cleveragents.pipeline.chunk import STAY_S
+from cleveragents.pipeline.chunk import STAY_S, TAIL_S
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, ToolSpec
 from cleveragents.wire import result_from_stored
@@ -79,10 +79,10 @@ def test_a_write_that_may_wait_for_an_earlier_claim_gets_the_claims_grace_too() 
     assert invocation_budget_s(body("test/write-again"), CATALOGUE, SETTINGS) == 2
 
 
-def test_a_chunks_budget_is_its_slice_and_the_longest_group_that_may_start_in_it() -> None:
-    assert chunk_budget_s([1, 2, 3, 4, 5], slice_s=0.5, per_check=2) == 0.5 + 7
-    assert chunk_budget_s([1, 2, 3], slice_s=0.5, per_check=1) == 0.5 + 3
-    assert chunk_budget_s([], slice_s=0.5, per_check=32) == 0.5
+def test_a_chunks_budget_is_its_stay_its_tail_and_its_longest_invocation() -> None:
+    assert chunk_budget_s([1, 2, 3, 4, 5], stay_s=0.5, tail_s=0.25) == 0.5 + 0.25 + 5
+    assert chunk_budget_s([3] * 500, stay_s=0.5, tail_s=0.25) == 0.5 + 0.25 + 3
+    assert chunk_budget_s([], stay_s=0.5, tail_s=0.25) == 0.75
 
 
 def test_a_chunk_message_gets_a_limit_that_covers_its_invocations() -> None:
@@ -91,9 +91,9 @@ def test_a_chunk_message_gets_a_limit_that_covers_its_invocations() -> None:
     limit = hard_limit_s(TASK_INVOKE_CHUNK, [bodies], CATALOGUE, SETTINGS)
 
     assert limit >= 30 + HARD_LIMIT_GRACE_S  # at least the longest one, wherever it falls
-    # ... and the time a chunk may stay in its process, but not each one's in turn
-    assert limit >= STAY_S + 30 + HARD_LIMIT_GRACE_S
-    assert limit <= STAY_S + 3 * 2 + 30 + HARD_LIMIT_GRACE_S
+    # ... and the time a chunk may stay in its process and start one more, but not
+    # each one's in turn: a chunk starts nothing later than TAIL_S past its slices
+    assert limit == STAY_S + TAIL_S + 30 + HARD_LIMIT_GRACE_S
 
 
 def test_a_malformed_chunk_gets_the_grace_alone() -> None:

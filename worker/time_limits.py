@@ -92,21 +92,21 @@ def invocation_budget_s(
     return timeout + CLAIM_GRACE_S if claims else timeout
 
 
-def chunk_budget_s(budgets: Sequence[float], slice_s: float, per_check: int) -> float:
-    """How long a chunk may run: its slice, then the longest group that may start within it.
+def chunk_budget_s(budgets: Sequence[float], stay_s: float, tail_s: float) -> float:
+    """How long a chunk may run: its slices, then the longest invocation it may start.
 
-    The chunk looks at the clock before each group of ``per_check`` invocations;
-    a group started within the slice runs to its end.
+    The chunk runs slices for at most ``stay_s`` in all, and starts no invocation
+    later than ``tail_s`` past its last slice, after which one invocation may still
+    run its whole budget (``cleveragents/pipeline/chunk.py``, ``_Clock.over``). So
+    the limit does not grow with the chunk, nor with the requests looked up at once.
     """
-    per_check = max(1, per_check)
-    groups = [budgets[i : i + per_check] for i in range(0, len(budgets), per_check)]
-    return slice_s + max((sum(group) for group in groups), default=0.0)
+    return stay_s + tail_s + max(budgets, default=0.0)
 
 
-def _chunk_pacing() -> tuple[float, int]:
+def _chunk_pacing() -> tuple[float, float]:
     # The chunk pipeline's own pacing (cleveragents/pipeline/chunk.py): a chunk runs
     # one slice, or slice after slice for up to STAY_S while nothing else waits.
-    return float(max(chunk.SLICE_S, chunk.STAY_S)), int(chunk.CHECK_EVERY_N)
+    return float(max(chunk.SLICE_S, chunk.STAY_S)), float(chunk.TAIL_S)
 
 
 def hard_limit_s(task: Any, args: Any, catalogue: Catalogue, settings: Settings) -> float:
@@ -114,10 +114,10 @@ def hard_limit_s(task: Any, args: Any, catalogue: Catalogue, settings: Settings)
     args = args if isinstance(args, list | tuple) else []
     if task == TASK_INVOKE_CHUNK:
         bodies = args[0] if args and isinstance(args[0], list) else []
-        slice_s, per_check = _chunk_pacing()
+        stay_s, tail_s = _chunk_pacing()
         tools: _Tools = {}
         budgets = [invocation_budget_s(body, catalogue, settings, tools) for body in bodies]
-        return chunk_budget_s(budgets, slice_s, per_check) + HARD_LIMIT_GRACE_S
+        return chunk_budget_s(budgets, stay_s, tail_s) + HARD_LIMIT_GRACE_S
     body = args[0] if len(args) == 1 else None
     return invocation_budget_s(body, catalogue, settings) + HARD_LIMIT_GRACE_S
 

@@ -7,7 +7,10 @@ id seen twice in one chunk. The clock is read after every invocation: once the
 slice (``SLICE_S``) is over, the results are stored and the requests not yet run
 are handed to ``requeue``, so that the process turns to other queues in between:
 an interactive invocation never waits behind a whole chunk. (Quick tools finish
-the group of requests looked up together first, within ``TAIL_S``.)
+the group of requests looked up together first, for at most ``TAIL_S`` more.)
+The lookups are sized by time too: a group holds about ``TAIL_S`` of invocations
+at the rate measured so far (``FIRST_GROUP`` to ``MAX_GROUP`` requests), so quick
+tools cost two round trips (a lookup, a bind) per slice rather than per 32.
 
 The rest is sized by time, not by count: what the slice measured per invocation
 says how long the rest will take, and a rest longer than ``PIECE_S`` goes back as
@@ -41,8 +44,9 @@ from cleveragents.pipeline.invocation import Pipeline
 from cleveragents.skills import SkillResult
 
 __all__ = [
-    "CHECK_EVERY_N",
+    "FIRST_GROUP",
     "FLUSH_EVERY_N",
+    "MAX_GROUP",
     "MAX_PIECES",
     "PIECE_S",
     "SLICE_S",
@@ -59,12 +63,16 @@ __all__ = [
 #: A chunk runs for about this long, plus the invocation under way, before the rest of
 #: it is requeued.
 SLICE_S = 0.02
-#: Requests whose stored results are looked up (and ids bound) at once. Past the slice
-#: the rest of such a group may still run (``TAIL_S``): the hard time limit counts on it.
-CHECK_EVERY_N = 32
+#: Requests whose stored results are looked up (and ids bound) at once, before anything
+#: is measured, and the fewest in any group: a group is then sized to take about
+#: ``TAIL_S`` at the rate measured (each lookup is a round trip: about 0.1 ms of CPU).
+FIRST_GROUP = 32
+#: The most requests looked up at once.
+MAX_GROUP = 256
 #: Past the slice, the rest of a looked-up group still runs when it is expected to take
-#: at most this long: quick tools then end their slices where the old count-based check
-#: did (fewer, longer slices: each message costs milliseconds), and look nothing up twice.
+#: at most this long, and never starts later than this past the slice: quick tools
+#: then end their slices at a group's end (fewer, longer slices: each message costs
+#: milliseconds), and look nothing up twice. The hard time limit counts on it.
 TAIL_S = SLICE_S
 #: Results are written at least every this many invocations.
 FLUSH_EVERY_N = 250
@@ -125,6 +133,7 @@ class _Clock:
         self.until = self.began + SLICE_S
         self.durations: list[float] = []
         self.typical: float | None = None
+        self.group = FIRST_GROUP
 
     def may_stay(self) -> bool:
         """Whether another slice fits in the time a chunk may stay (``STAY_S``)."""
@@ -149,12 +158,26 @@ class _Clock:
             self.typical = statistics.median(self.durations) if self.durations else 0.0
         return self.typical
 
+    def group_size(self) -> int:
+        """How many requests to look up next: about ``TAIL_S`` of invocations at the rate
+        of the last ones (``FIRST_GROUP`` to ``MAX_GROUP``; as before when none ran since)."""
+        recent = self.durations[-FIRST_GROUP:]
+        if recent:
+            each = statistics.median(recent)
+            fits = int(TAIL_S / each) if each > 0 else MAX_GROUP
+            self.group = max(FIRST_GROUP, min(MAX_GROUP, fits))
+        return self.group
+
     def over(self, left_in_group: int) -> bool:
-        """Whether to stop now: the slice is over, and the last invocation was slow or
-        the group's rest, at the typical invocation's time, is not quick."""
-        if not self.expired():
+        """Whether to stop now: the slice is over, and ``TAIL_S`` past it too, or the last
+        invocation was slow, or the group's rest, at the typical invocation's time, is not
+        quick. So no invocation starts later than ``TAIL_S`` past the slice."""
+        now = time.monotonic()
+        if now < self.until:
             return False
-        return self.durations[-1] > TAIL_S or left_in_group * self.per_item_s() > TAIL_S
+        if now >= self.until + TAIL_S or self.durations[-1] > TAIL_S:
+            return True
+        return left_in_group * self.per_item_s() > TAIL_S
 
 
 class _Slice:
@@ -271,7 +294,7 @@ def execute_chunk(
     clock = _Clock()
     done = 0
     while done < len(bodies):
-        done += work.run_group(bodies[done : done + CHECK_EVERY_N], done, clock)
+        done += work.run_group(bodies[done : done + clock.group_size()], done, clock)
         if done < len(bodies) and clock.expired():
             work.flush()
             sizes = pieces(len(bodies) - done, clock.per_item_s())
