@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 from cleveragents.skills import SkillResult
+from cleveragents.utf8 import json_text
 
 __all__ = ["INVOCATION_LOGGER", "JsonFormatter", "invocation_fields", "log_invocation"]
 
@@ -59,4 +59,4 @@ class JsonFormatter(logging.Formatter):
             data.update(invocation)
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)
-        return json.dumps(data, ensure_ascii=False, default=str)
+        return json_text(data, default=str)

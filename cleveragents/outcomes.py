@@ -4,6 +4,9 @@ Every place that answers with a failure (the runtime, the guard, the consumer,
 the batch runner, the wire decoder) builds it here, so that the result's
 ``skill_name``/``tool_name`` and the error's agree, and a producer's body is
 read the same way everywhere: a field that is not a string counts as ``""``.
+Text a failure echoes (a producer's names, a tool's message) that UTF-8 cannot
+hold has its lone surrogates replaced (``utf8.py``), so that every result can be
+stored, logged and written.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from cleveragents.error_types import SkillErrorType
 from cleveragents.skills.protocol import SkillError, SkillResult
+from cleveragents.utf8 import holds_lone_surrogate, writable, writable_value
 
 __all__ = ["failed_result", "failed_with", "names_of", "text_field"]
 
@@ -55,7 +59,19 @@ def failed_result(
 def failed_with(
     error: SkillError, skill: str, tool: str, *, duration_ms: float = 0.0
 ) -> SkillResult:
-    """A failed ``SkillResult`` carrying ``error`` as it is."""
+    """A failed ``SkillResult`` carrying ``error`` as it is (its text made writable)."""
+    if holds_lone_surrogate(
+        (error.message, error.skill_name, error.tool_name, error.details, skill, tool)
+    ):
+        skill, tool = writable(skill), writable(tool)
+        error = error.model_copy(
+            update={
+                "message": writable(error.message),
+                "skill_name": writable(error.skill_name),
+                "tool_name": None if error.tool_name is None else writable(error.tool_name),
+                "details": writable_value(error.details),
+            }
+        )
     return SkillResult(
         skill_name=skill,
         tool_name=tool,

@@ -43,6 +43,8 @@ def run(req: Any, cat: Catalogue, **options: Any) -> SkillResult:
     result = invoke(req, cat, **options)
     assert isinstance(result, SkillResult)
     json.loads(result.model_dump_json())
+    # ... and as UTF-8 text, as the CLI writes it (a lone surrogate cannot be)
+    json.dumps(result.model_dump(mode="json"), ensure_ascii=False).encode("utf-8")
     assert result.duration_ms > 0
     if result.success:
         assert result.error is None

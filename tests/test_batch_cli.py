@@ -189,8 +189,14 @@ def _file_with_bad_lines(tmp_path: Path, count_file: Path) -> tuple[Path, list[s
         # line 8: valid JSON, arguments nested past the depth limit
         '{"skill": "test/batch", "tool": "test/tally", "arguments": {"a": '
         + "[" * 500 + "]" * 500 + "}}",
+        # lines 9-12: half a surrogate pair (a valid JSON escape, not Unicode) in an
+        # argument, an argument's name, the skill's name, the request id
+        '{"skill": "test/batch", "tool": "test/tally", "arguments": {"key": "\\ud800"}}',
+        '{"skill": "test/batch", "tool": "test/tally", "arguments": {"\\udfff": 1}}',
+        '{"skill": "test/\\udc00", "tool": "test/tally", "arguments": {}}',
+        '{"request_id": "r-\\ud800", "skill": "test/batch", "tool": "test/tally"}',
     ]
-    kinds = [None, "bad", None, "bad", "bad", None, "bad", "bad"]
+    kinds = [None, "bad", None, "bad", "bad", None, "bad", "bad", "bad", "bad", "bad", "bad"]
     return write_jsonl(tmp_path / "bad.jsonl", lines), kinds
 
 
@@ -206,7 +212,7 @@ def test_bad_lines_are_reported_with_their_numbers_and_the_others_still_run(
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    for number in (2, 4, 5, 7, 8):
+    for number in (2, 4, 5, 7, 8, 9, 10, 11, 12):
         assert f"line {number}:" in done.stderr
     for number in (1, 3, 6):
         assert f"line {number}:" not in done.stderr
@@ -236,7 +242,7 @@ def test_strict_runs_nothing_when_a_line_is_bad(
 
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    for number in (2, 4, 5, 7, 8):
+    for number in (2, 4, 5, 7, 8, 9, 10, 11, 12):
         assert f"line {number}:" in done.stderr
     # Give a wrongly submitted request every chance to run before checking nothing did.
     time.sleep(1.0)

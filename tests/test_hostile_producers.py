@@ -20,7 +20,7 @@ import pytest
 from celery import Celery
 
 from cleveragents.client import SkillClient
-from cleveragents.constants import QUEUE_READ, TASK_INVOKE
+from cleveragents.constants import QUEUE_BATCH, QUEUE_READ, TASK_INVOKE, TASK_INVOKE_CHUNK
 from cleveragents.skills import SkillErrorType
 from tests.procs import Worker, wait_until
 
@@ -336,3 +336,57 @@ def test_invented_skill_names_do_not_become_metric_series(
     wait_until(lambda: sum(counted().values()) >= 31, 30, "the counters to be flushed")
     skills = {dict(labels)["skill"] for _, labels in counted()}
     assert skills == {"unknown", "local/text-tools"}
+
+
+def _publish_to(url: str, queue: str, body: bytes, headers: dict[str, Any]) -> None:
+    exchange = kombu.Exchange(queue, type="direct")
+    with kombu.Connection(url) as conn:
+        conn.Producer().publish(
+            body, exchange=exchange, routing_key=queue, headers=headers,
+            content_type="application/json", content_encoding="utf-8",
+            declare=[kombu.Queue(queue, exchange, routing_key=queue)],
+        )
+
+
+def test_half_a_surrogate_pair_gets_a_validation_error_and_the_worker_serves_on(
+    redis_url: str, start_worker: StartWorker, client: SkillClient
+) -> None:
+    # Given raw messages whose JSON escapes half of a surrogate pair (text no UTF-8
+    # log, key or result can hold): in an argument, in an argument's name, in the
+    # skill's name, and in two items of a batch chunk
+    worker = start_worker(redis_url)
+    single = f"half-{uuid.uuid4()}"
+    key = f"half-key-{uuid.uuid4()}"
+    skill = f"half-skill-{uuid.uuid4()}"
+    items = [f"half-item-{i}-{uuid.uuid4()}" for i in range(3)]
+
+    def request(arguments: str, skill: str = "local/text-tools", rid: str = "") -> str:
+        # JSON text as a raw producer writes it: the escapes stay as written
+        head = f'{{"request_id": "{rid}", ' if rid else "{"
+        return head + f'"skill": "{skill}", "tool": "local/word-count", "arguments": {arguments}}}'
+
+    for task_id, text in (
+        (single, request('{"text": "a \\ud800 b"}')),
+        (key, request('{"\\udfff": 1}')),
+        (skill, request("{}", skill="local/\\udc00")),
+    ):
+        _publish(redis_url, f"[[{text}], {{}}, {{}}]".encode(), _task_headers(task_id))
+    texts = ['{"text": "x \\udbff"}', '{"text": "fine words"}', '{"text": ["\\ud800"]}']
+    chunk = ", ".join(request(t, rid=r) for r, t in zip(items, texts, strict=True))
+    _publish_to(redis_url, QUEUE_BATCH, f"[[[{chunk}]], {{}}, {{}}]".encode(),
+                _task_headers(f"chunk-{uuid.uuid4()}", TASK_INVOKE_CHUNK))
+
+    # Then each is a validation error naming the surrogate, and the chunk's good item runs
+    for task_id in (single, key, skill, items[0], items[2]):
+        message = _failed_with(client, task_id, SkillErrorType.VALIDATION_ERROR)
+        assert "surrogate" in message
+    fine = client.wait(items[1], timeout=60)
+    assert fine.success, fine.error
+    assert fine.output_data == {"words": 2}
+    # And the worker serves on, its log free of encoding errors
+    assert client.submit("local/text-tools", "local/word-count", {"text": "a b"}).result(
+        timeout=30
+    ).success
+    assert worker.alive()
+    for trouble in ("UnicodeEncodeError", "Logging error", "Traceback"):
+        assert trouble not in worker.log_text()

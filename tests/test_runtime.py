@@ -272,6 +272,26 @@ def test_output_nested_past_the_depth_limit_is_a_tool_execution_failure(depth: i
     assert details["limit"] == MAX_NESTING_DEPTH
 
 
+def test_output_that_is_not_unicode_is_a_tool_execution_failure() -> None:
+    cat = single(py_tool("test/half", "return_lone_surrogate"))
+
+    result = run(request("test/half"), cat)
+
+    failed(result, SkillErrorType.TOOL_EXECUTION_FAILURE)
+    assert result.error is not None
+    assert "surrogate" in result.error.message
+
+
+def test_an_error_message_that_is_not_unicode_is_made_writable() -> None:
+    cat = single(py_tool("test/raise-half", "raise_lone_surrogate"))
+
+    result = run(request("test/raise-half"), cat)
+
+    failed(result, SkillErrorType.TOOL_EXECUTION_FAILURE)
+    assert result.error is not None
+    assert result.error.message == "ValueError: cannot read \ufffd"
+
+
 def test_output_nested_up_to_the_depth_limit_is_delivered() -> None:
     cat = single(py_tool("test/deep", "return_deep"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -90,6 +91,40 @@ def test_arguments_nested_up_to_the_depth_limit_are_accepted() -> None:
     result = run(request("test/echo", arguments={"text": _nested(MAX_NESTING_DEPTH - 1)}), cat)
 
     assert result.success, result
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"arguments": {"text": "half \ud800 a pair"}},
+        {"arguments": {"text": "a", "\udfff": 1}},
+        {"arguments": {"text": ["ok", {"deeper": "\udc00"}]}},
+        {"skill": "test/\ud83d"},
+        {"tool": "test/echo\udc00"},
+        {"request_id": "r-\ud800"},
+    ],
+    ids=["value", "key", "nested", "skill", "tool", "request_id"],
+)
+def test_text_that_is_not_unicode_is_a_validation_error(fields: dict[str, Any]) -> None:
+    # A JSON escape of half a surrogate pair decodes to text that no UTF-8 file, log,
+    # Redis key or terminal can hold: refused up front, named without the text itself
+    cat = single(py_tool("test/echo", "echo"))
+
+    result = run({**request("test/echo"), **fields}, cat)
+
+    failed(result, SkillErrorType.VALIDATION_ERROR)
+    assert result.error is not None
+    if "request_id" not in fields:
+        assert "surrogate" in result.error.message
+
+
+def test_a_surrogate_pair_is_text_like_any_other() -> None:
+    cat = single(py_tool("test/echo", "echo"))
+
+    result = run(request("test/echo", arguments={"text": json.loads('"\\ud83d\\ude00"')}), cat)
+
+    assert result.success, result
+    assert result.output_data == {"text": "\U0001f600"}
 
 
 def test_the_request_size_limit_can_be_lowered() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ from cleveragents.client import SkillClient
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.embedded.withdraw import withdraw
 from cleveragents.settings import Settings
+from cleveragents.utf8 import json_text
 
 __all__ = ["batch"]
 
@@ -134,7 +134,7 @@ def _write_all(
     last = 0.0
     for entry in entries:
         payload = entry.payload or {}
-        out.write(json.dumps(payload, ensure_ascii=False) + "\n")
+        out.write(json_text(payload) + "\n")
         tally.add(payload)
         problem = bad_lines.pop(entry.line, None)
         if problem:
@@ -333,7 +333,7 @@ def results(batch_id: str, out_path: str, wait: bool) -> None:
         with open(out_path, "w", encoding="utf-8") as out:
             for entry in batch_results(client, batch_id):
                 payload = entry.payload or {}
-                out.write(json.dumps(payload, ensure_ascii=False) + "\n")
+                out.write(json_text(payload) + "\n")
                 tally.add(payload)
     click.echo(f"{tally.done} results written to {out_path}; {tally.failures_text()}", err=True)
     raise click.exceptions.Exit(1 if tally.failures else 0)

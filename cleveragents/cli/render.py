@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import click
 from pydantic import BaseModel
 from rich.console import Console
+
+from cleveragents.utf8 import json_text
 
 __all__ = ["CliFailure", "console", "err_console", "print_json", "to_jsonable"]
 
@@ -39,5 +40,5 @@ def to_jsonable(value: Any) -> Any:
 
 def print_json(value: Any) -> None:
     """Print one JSON document on stdout."""
-    sys.stdout.write(json.dumps(to_jsonable(value), ensure_ascii=False) + "\n")
+    sys.stdout.write(json_text(to_jsonable(value)) + "\n")
     sys.stdout.flush()

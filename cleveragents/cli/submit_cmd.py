@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from cleveragents.hints import failure_lines
 from cleveragents.runtime.invoke import read_json
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
+from cleveragents.utf8 import json_text
 from cleveragents.wire import result_payload
 
 __all__ = ["result", "submit"]
@@ -68,7 +68,7 @@ def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
     if as_json:
         print_json(result_payload(result, request_id))
     elif result.success:
-        click.echo(json.dumps(result.output_data, ensure_ascii=False))
+        click.echo(json_text(result.output_data))
         for change in result.resource_changes:
             click.echo(f"{change.get('action')}: {change.get('resource')}", err=True)
     else:

@@ -25,6 +25,7 @@ from cleveragents.mcp.naming import ToolRoute
 from cleveragents.outcomes import failed_result
 from cleveragents.skills import SkillResult
 from cleveragents.skills.mcp import META_PREFIX
+from cleveragents.utf8 import json_text
 
 __all__ = ["META_ERROR", "META_REQUEST_ID", "call_result", "revoked_result", "writes_refused"]
 
@@ -57,7 +58,7 @@ def call_result(result: SkillResult, request_id: str | None) -> types.CallToolRe
     if result.resource_changes:
         meta[_META_CHANGES] = result.resource_changes
     return types.CallToolResult(
-        content=[_text(json.dumps(data, ensure_ascii=False))],
+        content=[_text(json_text(data))],
         structured_content=structured,
         meta=meta or None,
     )

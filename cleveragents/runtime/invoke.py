@@ -29,6 +29,7 @@ from cleveragents.skills import (
     ToolSpec,
     map_tool_error,
 )
+from cleveragents.utf8 import holds_lone_surrogate, lone_surrogate
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -112,6 +113,25 @@ def read_json(text: str) -> Any:
         ) from None
 
 
+_NOT_UNICODE = (
+    "invalid request: {where} holds half of a surrogate pair (a JSON escape such as "
+    "\\ud800 without its other half), which is not Unicode text"
+)
+
+
+def _refuse_lone_surrogates(raw: Mapping[str, Any]) -> None:
+    """Refuse a request whose fields (names, id, keys) hold text UTF-8 cannot hold.
+
+    The arguments are checked once validated, with their size.
+    """
+    for key, value in raw.items():
+        if isinstance(key, str) and lone_surrogate(key):
+            raise SchemaValidationError(_NOT_UNICODE.format(where="a field's name"))
+        if isinstance(value, str) and lone_surrogate(value):
+            where = key if key in ("skill", "tool", "request_id") else "a field"
+            raise SchemaValidationError(_NOT_UNICODE.format(where=where))
+
+
 def parse_request(
     raw: SkillInvocationRequest | Mapping[str, Any] | Any, *, max_bytes: int = MAX_REQUEST_BYTES
 ) -> SkillInvocationRequest:
@@ -128,6 +148,7 @@ def parse_request(
                 f"invalid request: expected a JSON object, got {type(raw).__name__}",
                 details={"exception_type": "ValidationError"},
             )
+        _refuse_lone_surrogates(raw)
         try:
             request = SkillInvocationRequest.model_validate(dict(raw))
         except ValidationError as exc:
@@ -139,11 +160,15 @@ def parse_request(
             details={"limit": MAX_NESTING_DEPTH},
         )
     try:
-        size = len(json.dumps(request.arguments, separators=(",", ":"), default=str))
+        text = json.dumps(request.arguments, separators=(",", ":"), default=str)
     except (ValueError, RecursionError) as exc:  # a circular or absurdly deep structure
         raise SchemaValidationError(
             f"invalid request: arguments cannot be encoded as JSON: {exc}"
         ) from None
+    # ASCII: a lone surrogate shows as its escape (a string may also spell one out)
+    if "\\ud" in text and holds_lone_surrogate(request.arguments):
+        raise SchemaValidationError(_NOT_UNICODE.format(where="arguments"))
+    size = len(text)
     if size > max_bytes:
         raise SchemaValidationError(
             f"arguments are {size} bytes of JSON, more than the limit of {max_bytes}",
@@ -215,6 +240,11 @@ def _as_json(value: Any, tool: str, what: str, budget: int, limit: int) -> tuple
             f"tool {tool!r} returned {what} that is not JSON-serialisable: {exc}",
             details={"output_type": type(value).__name__},
         ) from None
+    if "\\ud" in text and holds_lone_surrogate(value):  # ASCII: escaped, if any
+        raise ToolExecutionError(
+            f"tool {tool!r} returned {what} holding half of a surrogate pair, which is not "
+            "Unicode text (no file, log or store can hold it)"
+        )
     if len(text) > budget:  # ASCII (ensure_ascii): characters are bytes
         raise ToolOutputTooLarge(tool, what, limit)
     return json.loads(text), len(text)
