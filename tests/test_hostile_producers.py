@@ -371,8 +371,11 @@ def test_half_a_surrogate_pair_gets_a_validation_error_and_the_worker_serves_on(
         (skill, request("{}", skill="local/\\udc00")),
     ):
         _publish(redis_url, f"[[{text}], {{}}, {{}}]".encode(), _task_headers(task_id))
+    # ... and a message, and a chunk's item, whose id holds one (no result can be stored)
+    _publish(redis_url, f"[[{request('{}')}], {{}}, {{}}]".encode(), _task_headers("id-\udc00"))
     texts = ['{"text": "x \\udbff"}', '{"text": "fine words"}', '{"text": ["\\ud800"]}']
     chunk = ", ".join(request(t, rid=r) for r, t in zip(items, texts, strict=True))
+    chunk += ", " + request('{"text": "no id to answer"}', rid="item-\\ud800")
     _publish_to(redis_url, QUEUE_BATCH, f"[[[{chunk}]], {{}}, {{}}]".encode(),
                 _task_headers(f"chunk-{uuid.uuid4()}", TASK_INVOKE_CHUNK))
 

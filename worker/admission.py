@@ -26,6 +26,7 @@ from cleveragents.signing import (
     SIGNED_CONTENT_TYPE,
     signed_body_content_type,
 )
+from cleveragents.utf8 import lone_surrogate
 from worker import state
 from worker.time_limits import hard_limit_s
 
@@ -123,6 +124,8 @@ def envelope_problem(message: Any) -> str | None:
         return "the headers name no task"
     if not isinstance(headers.get("id"), str):
         return "the headers carry no task id"
+    if lone_surrogate(headers["id"]):  # no Redis key, log or result can hold it
+        return "the task id holds half of a surrogate pair, which is not Unicode text"
     try:
         body = message.payload  # decoded once; kombu caches it for Celery
     except DecodeError as exc:

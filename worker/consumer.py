@@ -17,6 +17,7 @@ from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_WRITE
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
 from cleveragents.signing import SIGNED_CONTENT_TYPE, SIGNED_SERIALIZER
+from cleveragents.utf8 import lone_surrogate, writable
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 from worker import state
 from worker.admission import (
@@ -172,12 +173,12 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
         task_id = _task_id(message)
         log.error(
             "rejected message %s (content type %r): %s",
-            task_id or "<no id>",
+            writable(task_id or "<no id>"),
             getattr(message, "content_type", None),
             why,
         )
-        if task_id is None:
-            return
+        if task_id is None or lone_surrogate(task_id):
+            return  # no result can be stored under it
         result = failed_result(
             "",
             "",

@@ -42,6 +42,7 @@ from cleveragents.binding import content_digest, reused_result
 from cleveragents.outcomes import text_field
 from cleveragents.pipeline.invocation import Pipeline
 from cleveragents.skills import SkillResult
+from cleveragents.utf8 import lone_surrogate
 
 __all__ = [
     "FIRST_GROUP",
@@ -203,7 +204,8 @@ class _Slice:
         Tells ``clock`` how long each invocation took and stops once it says so;
         returns how many requests of ``bodies`` it went through (ran or skipped).
         """
-        ids = [text_field(body, "request_id") for body in bodies]
+        # An id no Redis key can hold (half a surrogate pair) is no id: skipped, as is none
+        ids = [_usable(text_field(body, "request_id")) for body in bodies]
         done = self._finished(bodies, ids) | self._bound_elsewhere(bodies, ids)
         through = 0
         for index, (body, rid) in enumerate(zip(bodies, ids, strict=True), offset):
@@ -258,6 +260,10 @@ class _Slice:
         if self.failures and self.report is not None:
             failures, self.failures = self.failures, []
             self.report(failures)
+
+
+def _usable(request_id: str) -> str:
+    return "" if lone_surrogate(request_id) else request_id
 
 
 def pieces(count: int, per_item_s: float) -> list[int]:
