@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 
+from cleveragents.batch.source import MAX_LINE_CHARS
 from tests.conftest import Broker
 from tests.procs import FIXTURE_SKILLS, REPO, Worker, kill_group, wait_until
 
@@ -195,8 +196,12 @@ def _file_with_bad_lines(tmp_path: Path, count_file: Path) -> tuple[Path, list[s
         '{"skill": "test/batch", "tool": "test/tally", "arguments": {"\\udfff": 1}}',
         '{"skill": "test/\\udc00", "tool": "test/tally", "arguments": {}}',
         '{"request_id": "r-\\ud800", "skill": "test/batch", "tool": "test/tally"}',
+        # line 13: longer than a line may be (read past, never held whole)
+        tally_line(count_file, "x" * MAX_LINE_CHARS),
+        tally_line(count_file, "d"),
     ]
     kinds = [None, "bad", None, "bad", "bad", None, "bad", "bad", "bad", "bad", "bad", "bad"]
+    kinds += ["bad", None]
     return write_jsonl(tmp_path / "bad.jsonl", lines), kinds
 
 
@@ -212,9 +217,9 @@ def test_bad_lines_are_reported_with_their_numbers_and_the_others_still_run(
 
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    for number in (2, 4, 5, 7, 8, 9, 10, 11, 12):
+    for number in (2, 4, 5, 7, 8, 9, 10, 11, 12, 13):
         assert f"line {number}:" in done.stderr
-    for number in (1, 3, 6):
+    for number in (1, 3, 6, 14):
         assert f"line {number}:" not in done.stderr
     results = read_results(out)
     assert len(results) == len(kinds)
@@ -224,8 +229,8 @@ def test_bad_lines_are_reported_with_their_numbers_and_the_others_still_run(
         else:
             assert error_type(payload) == "validation_error", payload
             assert payload["error"]["details"]["line"] == number
-    assert [p["output_data"]["key"] for p in results if p["success"]] == ["a", "b", "c"]
-    assert runs_per_key(count_file) == Counter({"a": 1, "b": 1, "c": 1})
+    assert [p["output_data"]["key"] for p in results if p["success"]] == ["a", "b", "c", "d"]
+    assert runs_per_key(count_file) == Counter({"a": 1, "b": 1, "c": 1, "d": 1})
 
 
 def test_strict_runs_nothing_when_a_line_is_bad(
@@ -242,7 +247,7 @@ def test_strict_runs_nothing_when_a_line_is_bad(
 
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    for number in (2, 4, 5, 7, 8, 9, 10, 11, 12):
+    for number in (2, 4, 5, 7, 8, 9, 10, 11, 12, 13):
         assert f"line {number}:" in done.stderr
     # Give a wrongly submitted request every chance to run before checking nothing did.
     time.sleep(1.0)

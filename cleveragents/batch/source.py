@@ -1,4 +1,8 @@
-"""Read a JSONL file of requests as a stream, one ``BatchItem`` per non-blank line."""
+"""Read a JSONL file of requests as a stream, one ``BatchItem`` per non-blank line.
+
+No line is held whole past ``MAX_LINE_CHARS``: a longer one is a bad line, read
+past a megabyte at a time (a 200 MB line used to take the producer past 1 GB).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cleveragents.constants import MAX_REQUEST_BYTES
 from cleveragents.errors import SchemaValidationError
 from cleveragents.runtime.invoke import parse_request, read_json
 from cleveragents.runtime.request import SkillInvocationRequest
 
-__all__ = ["BatchItem", "derived_request_id", "read_jsonl"]
+__all__ = ["MAX_LINE_CHARS", "BatchItem", "derived_request_id", "read_jsonl"]
+
+#: The longest line read as a request: four times what its arguments may take as compact
+#: JSON (``MAX_REQUEST_BYTES``), room for any spacing and escapes.
+MAX_LINE_CHARS = 4 * MAX_REQUEST_BYTES
+#: A line too long is read past this many characters at a time.
+_SKIP_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -73,11 +84,29 @@ def parse_line(source: str, line: int, text: str, *, allow_writes: bool) -> Batc
     return BatchItem(line, request.request_id, request, None, request.skill, request.tool)
 
 
+def _too_long(source: str, line: int, head: str) -> BatchItem:
+    return BatchItem(
+        line,
+        derived_request_id(source, line, head),
+        None,
+        f"line {line}: longer than {MAX_LINE_CHARS:,} characters (a request's arguments may "
+        f"take {MAX_REQUEST_BYTES:,} bytes of JSON)",
+    )
+
+
 def read_jsonl(path: Path, *, allow_writes: bool) -> Iterator[BatchItem]:
     """Stream the file's requests; blank lines are skipped, bad ones become items with a problem."""
     source = str(path.resolve())
+    limit = MAX_LINE_CHARS
     with path.open(encoding="utf-8", errors="replace") as handle:
-        for number, raw in enumerate(handle, 1):
+        number = 0
+        while raw := handle.readline(limit + 1):
+            number += 1
+            if len(raw) > limit and not raw.endswith("\n"):
+                while (rest := handle.readline(_SKIP_CHARS)) and not rest.endswith("\n"):
+                    pass
+                yield _too_long(source, number, raw)
+                continue
             text = raw.strip()
             if text:
                 yield parse_line(source, number, text, allow_writes=allow_writes)
