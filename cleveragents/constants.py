@@ -59,6 +59,9 @@ MAX_NESTING_DEPTH = 128
 MAX_MESSAGE_BYTES = 16_000_000
 #: A batch chunk is sent before its arguments reach this many bytes of JSON.
 MAX_CHUNK_BYTES = 4_000_000
+#: The most requests one chunk message runs (``batch run --chunk-size``'s maximum): a
+#: worker sends the items past it back unrun, in messages of this many, before it runs.
+MAX_CHUNK_ITEMS = 10_000
 #: Largest stderr tail kept in a command tool's failure details, in characters (redacted).
 STDERR_TAIL_CHARS = 1_000
 #: Largest stdout head kept when a command tool's stdout is not JSON, in characters (redacted).

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from cleveragents.client import SkillClient
+from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.skills import SkillErrorType, SkillResult
 from tests.conftest import Broker
 from tests.procs import Worker, wait_until
@@ -54,6 +55,21 @@ def test_run_many_over_a_generator_yields_results_in_input_order(
     assert all(isinstance(r, SkillResult) for r in results)
     assert all(r.success for r in results), next(r.error for r in results if not r.success)
     assert [r.output_data["text"] for r in results] == [f"text-{i}" for i in range(n)]
+
+
+def test_a_chunk_past_max_chunk_items_is_split_by_the_worker_and_loses_nothing(
+    client: SkillClient, redis_url: str, start_worker: StartWorker
+) -> None:
+    # Given one chunk message of more requests than a chunk may run (the Python API
+    # does not cap its size): the worker sends the items past MAX_CHUNK_ITEMS back
+    # as messages of their own before it runs the rest
+    start_worker(redis_url, concurrency=2)
+    n = MAX_CHUNK_ITEMS + 700
+    results = list(client.run_many((echo(f"t-{i}") for i in range(n)), chunk_size=n))
+
+    assert len(results) == n
+    assert all(r.success for r in results), next(r.error for r in results if not r.success)
+    assert [r.output_data["text"] for r in results] == [f"t-{i}" for i in range(n)]
 
 
 def test_an_invalid_request_in_a_list_gets_a_validation_error_in_its_place(

@@ -20,6 +20,7 @@ import pytest
 
 from cleveragents.guard import MAX_ATTEMPTS, Claim, Guard
 from cleveragents.pipeline import Pipeline, execute, execute_chunk
+from cleveragents.pipeline import chunk as chunk_module
 from cleveragents.pipeline.chunk import FIRST_GROUP, MAX_GROUP, SLICE_S, STAY_S, TAIL_S
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.stores import MemoryGuardStore, ResultStore, Stores
@@ -475,6 +476,22 @@ def test_no_invocation_starts_later_than_tail_s_past_the_slice(
     assert requeued == [bodies[report["ran"] :]]
     assert report["ran"] <= 40 + int((SLICE_S + TAIL_S) / (TAIL_S * 0.8)) + 2
     assert time.monotonic() - began < SLICE_S + 2 * TAIL_S + 0.5
+
+
+def test_a_chunk_of_more_than_max_chunk_items_sends_the_rest_back_in_pieces_first(
+    catalogue: Catalogue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a raw chunk of far more items than a chunk message may hold: the worker
+    # would otherwise weigh every item (its hard time limit) at each of its deliveries
+    monkeypatch.setattr(chunk_module, "MAX_CHUNK_ITEMS", 10)
+    _, pipeline, bodies = _timed_chunk(catalogue, tmp_path, 35, 0)
+    # When it runs
+    report, requeued = run_chunk(pipeline, bodies, others_waiting=lambda: False)
+    # Then the items past the first ten went back at once, ten at most per message,
+    # in order, and the first ten ran
+    assert report == {"invocations": 35, "ran": 10, "skipped": 0}
+    assert [len(piece) for piece in requeued] == [10, 10, 5]
+    assert [b for piece in requeued for b in piece] == bodies[10:]
 
 
 def test_a_slow_chunk_stops_after_one_invocation_and_goes_back_in_pieces(

@@ -12,6 +12,7 @@ from billiard.exceptions import TimeLimitExceeded
 from cleveragents.constants import HARD_LIMIT_GRACE_S, TASK_INVOKE, TASK_INVOKE_CHUNK
 from cleveragents.errors import ConfigurationError
 from cleveragents.guard import CLAIM_GRACE_S
+from cleveragents.pipeline import chunk
 from cleveragents.pipeline.chunk import STAY_S, TAIL_S
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, ToolSpec
@@ -94,6 +95,19 @@ def test_a_chunk_message_gets_a_limit_that_covers_its_invocations() -> None:
     # ... and the time a chunk may stay in its process and start one more, but not
     # each one's in turn: a chunk starts nothing later than TAIL_S past its slices
     assert limit == STAY_S + TAIL_S + 30 + HARD_LIMIT_GRACE_S
+
+
+def test_a_chunks_limit_weighs_only_the_items_it_may_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Past MAX_CHUNK_ITEMS a chunk sends its items back unrun (pipeline/chunk.py): a
+    # raw message of 200,000 items costs the worker's main process no more than that
+    monkeypatch.setattr(chunk, "MAX_CHUNK_ITEMS", 3)
+    bodies = [body("test/quick") for _ in range(3)] + [body("test/open")]
+
+    limit = hard_limit_s(TASK_INVOKE_CHUNK, [bodies], CATALOGUE, SETTINGS)
+
+    assert limit == STAY_S + TAIL_S + 2 + HARD_LIMIT_GRACE_S
 
 
 def test_a_malformed_chunk_gets_the_grace_alone() -> None:

@@ -114,6 +114,7 @@ def hard_limit_s(task: Any, args: Any, catalogue: Catalogue, settings: Settings)
     args = args if isinstance(args, list | tuple) else []
     if task == TASK_INVOKE_CHUNK:
         bodies = args[0] if args and isinstance(args[0], list) else []
+        bodies = bodies[: chunk.MAX_CHUNK_ITEMS]  # it sends the others back unrun
         stay_s, tail_s = _chunk_pacing()
         tools: _Tools = {}
         budgets = [invocation_budget_s(body, catalogue, settings, tools) for body in bodies]

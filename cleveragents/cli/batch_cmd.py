@@ -26,6 +26,7 @@ from cleveragents.batch.source import BatchItem, read_jsonl
 from cleveragents.cli.render import CliFailure, err_console, print_json
 from cleveragents.cli.submit_cmd import local_worker_if_embedded
 from cleveragents.client import SkillClient
+from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.embedded.withdraw import withdraw
 from cleveragents.settings import Settings
@@ -207,7 +208,7 @@ def _what_happens_to_the_rest(
 @click.option("--strict", is_flag=True, help="Run nothing if any line is not a valid request.")
 @click.option(
     "--chunk-size",
-    type=click.IntRange(1, 10_000),
+    type=click.IntRange(1, MAX_CHUNK_ITEMS),
     default=None,
     help="Requests per Celery message (default 500).",
 )

@@ -24,6 +24,10 @@ lookups), and is only worth it when something else waits: a quick rest stays in
 its process for another slice when ``others_waiting`` (the worker's interactive
 queues) says nothing waits, for at most ``STAY_S`` in all.
 
+A chunk of more than ``MAX_CHUNK_ITEMS`` requests (a raw producer's: ours send
+fewer) first sends the ones past it back, in messages of that many, so that what
+a worker weighs per delivery (its hard time limit) stays bounded.
+
 The invocations that failed are handed to ``report_failures`` once their results
 are stored (a worker shows each in Flower as its own failed row); successes are
 only counted.
@@ -39,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cleveragents.binding import content_digest, reused_result
+from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.outcomes import text_field
 from cleveragents.pipeline.invocation import Pipeline
 from cleveragents.skills import SkillResult
@@ -47,6 +52,7 @@ from cleveragents.utf8 import lone_surrogate
 __all__ = [
     "FIRST_GROUP",
     "FLUSH_EVERY_N",
+    "MAX_CHUNK_ITEMS",
     "MAX_GROUP",
     "MAX_PIECES",
     "PIECE_S",
@@ -296,6 +302,12 @@ def execute_chunk(
     failed invocations after their results are stored.
     """
     careful = pipeline.guard.chunk_redelivered(chunk_id, redelivered)
+    invocations = len(bodies)
+    if invocations > MAX_CHUNK_ITEMS:
+        over = invocations - MAX_CHUNK_ITEMS
+        sizes = [min(MAX_CHUNK_ITEMS, over - at) for at in range(0, over, MAX_CHUNK_ITEMS)]
+        _send_back(pipeline, careful, requeue, bodies, MAX_CHUNK_ITEMS, sizes)
+        bodies = bodies[:MAX_CHUNK_ITEMS]
     work = _Slice(pipeline, careful, report_failures)
     clock = _Clock()
     done = 0
@@ -308,13 +320,24 @@ def execute_chunk(
             if quick and others_waiting is not None and not others_waiting():
                 clock.next_slice()
                 continue
-            start = done
-            for size in sizes:
-                rest_id = str(uuid.uuid4())
-                if careful:  # the rest of a chunk that came back: with care too
-                    pipeline.guard.care_for_rest(rest_id)
-                requeue(list(bodies[start : start + size]), start, rest_id)
-                start += size
+            _send_back(pipeline, careful, requeue, bodies, done, sizes)
             break
     work.flush()
-    return ChunkReport(len(bodies), work.ran, work.skipped)
+    return ChunkReport(invocations, work.ran, work.skipped)
+
+
+def _send_back(
+    pipeline: Pipeline,
+    careful: bool,
+    requeue: Requeue,
+    bodies: Sequence[Any],
+    start: int,
+    sizes: list[int],
+) -> None:
+    """Requeue ``bodies`` from ``start`` on as messages of ``sizes`` requests, in order."""
+    for size in sizes:
+        rest_id = str(uuid.uuid4())
+        if careful:  # the rest of a chunk that came back: with care too
+            pipeline.guard.care_for_rest(rest_id)
+        requeue(list(bodies[start : start + size]), start, rest_id)
+        start += size
