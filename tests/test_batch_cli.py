@@ -172,6 +172,28 @@ def test_an_all_successful_batch_exits_0(
     assert [p["output_data"]["text"] for p in read_results(out)] == texts
 
 
+@pytest.mark.parametrize("spelling", ["same", "another path to it", "a hard link"])
+def test_out_may_not_be_the_input_file(tmp_path: Path, spelling: str) -> None:
+    # Opening --out truncates it: were it the input, the requests would be gone
+    batch = write_jsonl(tmp_path / "requests.jsonl", [tally_line(tmp_path / "count", "a")])
+    before = batch.read_text(encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    out = {
+        "same": str(batch),
+        "another path to it": str(tmp_path / "sub" / ".." / "requests.jsonl"),
+        "a hard link": str(tmp_path / "linked.jsonl"),
+    }[spelling]
+    if spelling == "a hard link":
+        os.link(batch, out)
+
+    done = run_cli("batch", "run", str(batch), "--out", out, env=cli_env())
+
+    assert done.returncode == 2, done.stderr
+    assert "--out" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert batch.read_text(encoding="utf-8") == before
+
+
 # --- bad lines ---------------------------------------------------------------------------
 
 

@@ -220,6 +220,11 @@ def run_batch(
     Running the same command again resumes: results already stored are reused.
     """
     path = _input(file, allow_writes, strict)
+    if Path(out_path).exists() and Path(out_path).samefile(path):
+        raise CliFailure(
+            f"--out {out_path} is the input file: writing the results there would erase "
+            "the requests before they are read; give --out another file"
+        )
     total = _count_lines(path)
     settings = Settings.from_env()
     tally, bad, bad_lines = Tally(), list[str](), _BadLines()
