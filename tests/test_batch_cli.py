@@ -194,6 +194,22 @@ def test_out_may_not_be_the_input_file(tmp_path: Path, spelling: str) -> None:
     assert batch.read_text(encoding="utf-8") == before
 
 
+def test_an_out_file_that_cannot_be_written_is_bad_usage_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    count_file = tmp_path / "count"
+    batch = write_jsonl(tmp_path / "requests.jsonl", [tally_line(count_file, "a")])
+    out = tmp_path / "missing" / "out.jsonl"
+
+    done = run_cli("batch", "run", str(batch), "--out", str(out), env=cli_env())
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"error: cannot write --out {out}: No such file or directory; create its folder first"
+    )
+    assert not count_file.exists()
+
+
 # --- bad lines ---------------------------------------------------------------------------
 
 

@@ -71,6 +71,15 @@ def _count_lines(path: Path) -> int:
     return count + content
 
 
+def _open_out(out_path: str) -> TextIO:
+    """``--out`` opened for writing, or a one-line failure that says what to do."""
+    try:
+        return open(out_path, "w", encoding="utf-8")  # the caller closes it
+    except OSError as exc:
+        fix = "; create its folder first" if isinstance(exc, FileNotFoundError) else ""
+        raise CliFailure(f"cannot write --out {out_path}: {exc.strerror or exc}{fix}") from None
+
+
 def _check_file(path: Path, allow_writes: bool) -> list[BatchItem]:
     return [item for item in read_jsonl(path, allow_writes=allow_writes) if item.problem]
 
@@ -229,7 +238,7 @@ def run_batch(
     settings = Settings.from_env()
     tally, bad, bad_lines = Tally(), list[str](), _BadLines()
     started = time.monotonic()
-    with SkillClient(settings=settings) as client, open(out_path, "w", encoding="utf-8") as out:
+    with SkillClient(settings=settings) as client, _open_out(out_path) as out:
         runner = run_many(
             client,
             _tracked(read_jsonl(path, allow_writes=allow_writes), bad_lines),
@@ -344,7 +353,7 @@ def results(batch_id: str, out_path: str, wait: bool) -> None:
                 f"{batch_id} is not finished: {found.done} of {found.total} done", exit_code=1
             )
         tally = Tally()
-        with open(out_path, "w", encoding="utf-8") as out:
+        with _open_out(out_path) as out:
             for entry in batch_results(client, batch_id):
                 payload = entry.payload or {}
                 out.write(json_text(payload) + "\n")
