@@ -67,6 +67,11 @@ def fix_for(error: SkillError) -> str | None:
         fix = _catalogue_fix(details)
         if fix:
             return fix
+    if error.error_type == "resolution_failure" and error.skill_name:
+        return (
+            f"`cleveragents skills show {error.skill_name}` lists its tools; "
+            "`cleveragents skills check` finds broken includes"
+        )
     gate = details.get("gate")
     if isinstance(gate, str) and gate in _GATE_FIXES:
         return _GATE_FIXES[gate]

@@ -13,7 +13,7 @@ import pytest
 from cleveragents.error_types import SkillErrorType
 from cleveragents.hints import failure_lines, fix_for
 from cleveragents.outcomes import failed_result
-from tests.procs import EXAMPLE_SKILLS, REPO
+from tests.procs import EXAMPLE_SKILLS, REPO, free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -114,3 +114,87 @@ def test_every_refusal_gate_and_limit_has_a_fix() -> None:
     )
     assert lines[0] == "r-1 failed (tool_execution_failure): exit 2"
     assert lines[1:] == ["stderr (last lines):", *(f"  line {i}" for i in range(15, 20))]
+
+
+def _cli(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["CLEVERAGENTS_CATALOGUE"] = str(EXAMPLE_SKILLS)
+    env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, "-m", "cleveragents", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("submit", "local/text-tools", "local/word-count", "--args", '{"text": "a"}', "--wait"),
+        ("result", "some-id"),
+        ("batch", "status", "some-batch"),
+        ("batch", "run", "requests.jsonl", "--out", "out.jsonl"),
+    ],
+    ids=["submit", "result", "batch-status", "batch-run"],
+)
+def test_an_unreachable_redis_is_one_line_that_names_the_setting_within_seconds(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    # Nothing listens on the port: the command used to retry silently for two minutes
+    (tmp_path / "requests.jsonl").write_text(
+        '{"skill": "local/text-tools", "tool": "local/word-count", "arguments": {}}\n'
+    )
+    url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
+
+    done = _cli(tmp_path, *args, CLEVERAGENTS_BROKER_URL=url)
+
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: cannot reach Redis at redis://:**@127.0.0.1:"), line
+    assert "CLEVERAGENTS_BROKER_URL" in line
+    assert "hunter2-secret" not in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_redis_that_refuses_the_password_says_so(tmp_path: Path, redis_url: str) -> None:
+    host = redis_url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
+    url = f"redis://nobody-{os.getpid()}:wrong-password@{host}/0"
+
+    done = _cli(tmp_path, "result", "some-id", CLEVERAGENTS_BROKER_URL=url)
+
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "refused" in line, line
+    assert "CLEVERAGENTS_BROKER_URL" in line
+    assert "wrong-password" not in done.stderr
+
+
+def test_a_tool_that_is_not_part_of_its_skill_names_where_to_look() -> None:
+    result = failed_result(
+        "local/text-tools",
+        "nope",
+        SkillErrorType.RESOLUTION_FAILURE,
+        "tool 'nope' is not part of skill 'local/text-tools'",
+    )
+    assert result.error is not None
+    assert fix_for(result.error) == (
+        "`cleveragents skills show local/text-tools` lists its tools; "
+        "`cleveragents skills check` finds broken includes"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [
+        (("skills", "show", "nope/x"), "`cleveragents skills list` shows the skills"),
+        (("batch", "status", "nope"), "use the id `cleveragents batch submit` printed"),
+    ],
+)
+def test_a_name_that_is_not_known_says_where_to_find_the_right_one(
+    tmp_path: Path, args: tuple[str, ...], fix: str
+) -> None:
+    done = _cli(tmp_path, *args)
+
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert fix in line

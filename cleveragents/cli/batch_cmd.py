@@ -23,9 +23,9 @@ from rich.table import Table
 
 from cleveragents.batch.api import batch_results, batch_status, run_many, submit_batch
 from cleveragents.batch.source import BatchItem, read_jsonl
+from cleveragents.cli.reach import cli_client
 from cleveragents.cli.render import CliFailure, err_console, print_json
 from cleveragents.cli.submit_cmd import local_worker_if_embedded
-from cleveragents.client import SkillClient
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.embedded.withdraw import withdraw
@@ -69,6 +69,14 @@ def _count_lines(path: Path) -> int:
                 content = False
             content = content or bool(pieces[-1].strip())
     return count + content
+
+
+def _no_such_batch(batch_id: str) -> str:
+    return (
+        f"no such batch: {batch_id}: use the id `cleveragents batch submit` printed, with the "
+        "same CLEVERAGENTS_BROKER_URL (a batch is kept CLEVERAGENTS_RESULT_EXPIRES_S, a week "
+        "by default)"
+    )
 
 
 def _open_out(out_path: str) -> TextIO:
@@ -238,7 +246,7 @@ def run_batch(
     settings = Settings.from_env()
     tally, bad, bad_lines = Tally(), list[str](), _BadLines()
     started = time.monotonic()
-    with SkillClient(settings=settings) as client, _open_out(out_path) as out:
+    with cli_client(settings) as client, _open_out(out_path) as out:
         runner = run_many(
             client,
             _tracked(read_jsonl(path, allow_writes=allow_writes), bad_lines),
@@ -283,7 +291,7 @@ def submit_file(
     Needs a worker serving the broker (`cleveragents worker`).
     """
     path = _input(file, allow_writes, strict)
-    with SkillClient() as client:
+    with cli_client() as client:
         bid, total = submit_batch(
             client,
             read_jsonl(path, allow_writes=allow_writes),
@@ -304,10 +312,10 @@ def submit_file(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(batch_id: str, as_json: bool) -> None:
     """How far batch ID has come (exit 0 when done and all succeeded, 1 otherwise)."""
-    with SkillClient() as client:
+    with cli_client() as client:
         found = batch_status(client, batch_id)
     if found is None:
-        raise CliFailure(f"no such batch: {batch_id}")
+        raise CliFailure(_no_such_batch(batch_id))
     if as_json:
         print_json(
             {
@@ -344,10 +352,10 @@ def status(batch_id: str, as_json: bool) -> None:
 )
 def results(batch_id: str, out_path: str, wait: bool) -> None:
     """Write every result of batch ID to --out, in input order."""
-    with SkillClient() as client:
+    with cli_client() as client:
         found = batch_status(client, batch_id)
         if found is None:
-            raise CliFailure(f"no such batch: {batch_id}")
+            raise CliFailure(_no_such_batch(batch_id))
         if not wait and found.done < found.total:
             raise CliFailure(
                 f"{batch_id} is not finished: {found.done} of {found.total} done", exit_code=1

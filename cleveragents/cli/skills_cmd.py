@@ -145,7 +145,9 @@ def show_skill(name: str, as_json: bool, paths: tuple[str, ...]) -> None:
     try:
         definition = catalogue.resolve(name)
     except SkillNotFoundError as exc:
-        raise CliFailure(str(exc), exit_code=2) from None
+        raise CliFailure(
+            f"{exc}; `cleveragents skills list` shows the skills that resolve", exit_code=2
+        ) from None
     except SkillResolutionError as exc:
         raise CliFailure(
             f"{name} does not resolve ({exc.error_type}): {exc}", exit_code=1

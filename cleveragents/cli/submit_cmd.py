@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from cleveragents.binding import RequestIdReused
+from cleveragents.cli.reach import cli_client
 from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import UNKNOWN, SkillClient
 from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
@@ -152,7 +153,7 @@ def submit(
     """Enqueue one invocation of SKILL's TOOL; print its id, or with --wait its result."""
     arguments = _arguments(args_json, args_file)
     settings = Settings.from_env()
-    with SkillClient(settings=settings) as client:
+    with cli_client(settings) as client:
         try:
             request = client.build_request(
                 skill,
@@ -200,7 +201,7 @@ def submit(
 def result(request_id: str, wait: bool, timeout: float | None, as_json: bool) -> None:
     """Print the result of one invocation (exit 1 if it failed or is not there yet)."""
     settings = Settings.from_env()
-    with SkillClient(settings=settings) as client:
+    with cli_client(settings) as client:
         found = client.get(request_id)
         state = "SUCCESS" if found is not None else client.locate(request_id)
         if state == UNKNOWN:

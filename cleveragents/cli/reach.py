@@ -1,0 +1,65 @@
+"""The CLI's first contact with Redis: a wrong URL is one line within seconds, not a wait.
+
+The stores ride out a Redis restart for two minutes (``cleveragents.retry``), which
+is right for a worker or a long batch run, and wrong for a command that has not
+reached Redis once: a mistyped URL or a Redis that is not running looked like a
+hang. So each CLI command that uses a broker pings the Redis servers it names
+first, for a few seconds, and says which setting to fix. The library is unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from kombu.utils.url import maybe_sanitize_url
+
+from cleveragents.cli.render import CliFailure
+from cleveragents.client import SkillClient
+from cleveragents.settings import Settings
+
+__all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]
+
+#: How long a command tries to reach Redis before it says it cannot (a Redis that is
+#: starting, as in ``docker compose up``, answers within this).
+FIRST_CONTACT_S = 3.0
+
+
+def _ping(url: str, setting: str) -> None:
+    shown = maybe_sanitize_url(url)
+    deadline = time.monotonic() + FIRST_CONTACT_S
+    while True:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0)
+        try:
+            client.ping()
+            return
+        except (redis.AuthenticationError, redis.ResponseError) as exc:
+            raise CliFailure(
+                f"Redis at {shown} refused this client ({exc}): check the user and password "
+                f"in {setting}"
+            ) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() >= deadline:
+                raise CliFailure(
+                    f"cannot reach Redis at {shown} ({exc}): start it, or point {setting} "
+                    "at yours"
+                ) from None
+        finally:
+            client.close()
+        time.sleep(0.25)
+
+
+def require_reachable(settings: Settings) -> None:
+    """Ping each Redis the settings name (none on the embedded default), or fail in one line."""
+    named = [("CLEVERAGENTS_BROKER_URL", settings.broker_url)]
+    named.append(("CLEVERAGENTS_RESULT_BACKEND", settings.result_backend))
+    for setting, url in named:
+        if url and url.partition("://")[0].lower() in ("redis", "rediss"):
+            _ping(url, setting)
+
+
+def cli_client(settings: Settings | None = None) -> SkillClient:
+    """A ``SkillClient`` for a CLI command, once the Redis it uses answers."""
+    settings = settings or Settings.from_env()
+    require_reachable(settings)
+    return SkillClient(settings=settings)
