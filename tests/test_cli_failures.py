@@ -134,8 +134,9 @@ def _cli(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedPr
         ("result", "some-id"),
         ("batch", "status", "some-batch"),
         ("batch", "run", "requests.jsonl", "--out", "out.jsonl"),
+        ("mcp", "serve"),
     ],
-    ids=["submit", "result", "batch-status", "batch-run"],
+    ids=["submit", "result", "batch-status", "batch-run", "mcp-serve"],
 )
 def test_an_unreachable_redis_is_one_line_that_names_the_setting_within_seconds(
     tmp_path: Path, args: tuple[str, ...]

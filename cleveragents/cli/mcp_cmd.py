@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from cleveragents.cli.reach import require_reachable
 from cleveragents.cli.render import CliFailure
 from cleveragents.settings import Settings
 from cleveragents.skills.model import NAME_PATTERN
@@ -48,6 +49,7 @@ def serve_command(transport: str, host: str, port: int, allow_writes: bool) -> N
     from cleveragents.mcp.serve import ServeOptions, serve
 
     settings = Settings.from_env()
+    require_reachable(settings)  # a wrong URL: one line now, not a hang at the first call
     options = ServeOptions(
         transport="http" if transport == "http" else "stdio",
         host=host,
