@@ -199,3 +199,26 @@ def test_a_name_that_is_not_known_says_where_to_find_the_right_one(
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert fix in line
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("amqp://guest:guest-secret@127.0.0.1:{free}//", "error: cannot reach RabbitMQ at"),
+        ("amqp://guest:guest-secret@127.0.0.1:5672//", "refused this client"),
+        ("amqp://guest:guest@127.0.0.1:5672/no-such-vhost-secret", "refused this client"),
+    ],
+    ids=["nothing-listens", "wrong-password", "no-such-vhost"],
+)
+def test_a_rabbitmq_broker_that_cannot_be_used_is_one_line_naming_the_setting(
+    tmp_path: Path, url: str, said: str
+) -> None:
+    url = url.replace("{free}", str(free_port()))
+
+    done = _cli(tmp_path, "result", "some-id", CLEVERAGENTS_BROKER_URL=url)
+
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert said in line, line
+    assert "CLEVERAGENTS_BROKER_URL" in line
+    assert "guest-secret" not in line

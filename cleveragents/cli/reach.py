@@ -1,17 +1,21 @@
-"""The CLI's first contact with Redis: a wrong URL is one line within seconds, not a wait.
+"""The CLI's first contact with its broker: a wrong URL is one line within seconds, not a wait.
 
 The stores ride out a Redis restart for two minutes (``cleveragents.retry``), which
 is right for a worker or a long batch run, and wrong for a command that has not
 reached Redis once: a mistyped URL or a Redis that is not running looked like a
 hang. So each CLI command that uses a broker pings the Redis servers it names
-first, for a few seconds, and says which setting to fix. The library is unchanged.
+first, for a few seconds (a RabbitMQ broker too), and says which setting to fix.
+The library is unchanged.
 """
 
 from __future__ import annotations
 
 import time
 
+import kombu
 import redis
+from amqp.exceptions import AccessRefused, AMQPError, NotAllowed
+from kombu.exceptions import KombuError
 from kombu.utils.url import maybe_sanitize_url
 
 from cleveragents.cli.render import CliFailure
@@ -49,13 +53,34 @@ def _ping(url: str, setting: str) -> None:
         time.sleep(0.25)
 
 
+def _connect(url: str, setting: str) -> None:
+    shown = maybe_sanitize_url(url)
+    with kombu.Connection(url, connect_timeout=FIRST_CONTACT_S) as connection:
+        try:
+            connection.ensure_connection(max_retries=1, timeout=int(FIRST_CONTACT_S))
+        except (KombuError, AMQPError, OSError) as exc:
+            text = str(exc)
+            if isinstance(exc, AccessRefused | NotAllowed):
+                raise CliFailure(
+                    f"RabbitMQ at {shown} refused this client ({text}): check the user, "
+                    f"password and vhost in {setting}"
+                ) from None
+            raise CliFailure(
+                f"cannot reach RabbitMQ at {shown} ({text}): start it, or point {setting} "
+                "at yours"
+            ) from None
+
+
 def require_reachable(settings: Settings) -> None:
-    """Ping each Redis the settings name (none on the embedded default), or fail in one line."""
+    """Reach each server the settings name (none on the embedded default), or fail in one line."""
     named = [("CLEVERAGENTS_BROKER_URL", settings.broker_url)]
     named.append(("CLEVERAGENTS_RESULT_BACKEND", settings.result_backend))
     for setting, url in named:
-        if url and url.partition("://")[0].lower() in ("redis", "rediss"):
+        scheme = (url or "").partition("://")[0].lower()
+        if url and scheme in ("redis", "rediss"):
             _ping(url, setting)
+        elif url and scheme in ("amqp", "amqps", "pyamqp"):
+            _connect(url, setting)
 
 
 def cli_client(settings: Settings | None = None) -> SkillClient:
