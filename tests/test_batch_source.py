@@ -64,3 +64,14 @@ def test_counting_lines_reads_in_blocks(tmp_path: Path) -> None:
     assert _count_lines(path) == 4
     path.write_bytes(b"")
     assert _count_lines(path) == 0
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_reads_its_first_line(tmp_path: Path) -> None:
+    # Windows editors save UTF-8 with a BOM; json.loads refuses one ("Unexpected UTF-8 BOM")
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (_line("a") + "\r\n" + _line("b") + "\r\n").encode())
+
+    items = list(read_jsonl(path, allow_writes=False))
+
+    assert [item.problem for item in items] == [None, None]
+    assert [item.request.arguments["text"] for item in items if item.request] == ["a", "b"]

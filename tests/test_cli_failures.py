@@ -222,3 +222,13 @@ def test_a_rabbitmq_broker_that_cannot_be_used_is_one_line_naming_the_setting(
     assert said in line, line
     assert "CLEVERAGENTS_BROKER_URL" in line
     assert "guest-secret" not in line
+
+
+def test_an_args_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    (tmp_path / "args.json").write_bytes(b'\xef\xbb\xbf{"text": "a b"}\r\n')
+
+    done = _cli(tmp_path, "submit", "local/text-tools", "local/word-count", "--args-file",
+                "args.json")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()  # the request id

@@ -98,7 +98,7 @@ def read_jsonl(path: Path, *, allow_writes: bool) -> Iterator[BatchItem]:
     """Stream the file's requests; blank lines are skipped, bad ones become items with a problem."""
     source = str(path.resolve())
     limit = MAX_LINE_CHARS
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    with path.open(encoding="utf-8-sig", errors="replace") as handle:  # a BOM is not text
         number = 0
         while raw := handle.readline(limit + 1):
             number += 1

@@ -36,7 +36,7 @@ def _arguments(raw: str | None, path: str | None) -> dict[str, Any]:
     text = raw
     if path is not None:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_text(encoding="utf-8-sig")  # a BOM is not text
         except OSError as exc:
             raise CliFailure(f"cannot read --args-file {path}: {exc.strerror}") from None
     if text is None:
