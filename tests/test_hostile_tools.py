@@ -281,3 +281,33 @@ def test_output_just_under_the_limit_is_stored(
     assert fits.success, fits.error
     assert len(fits.output_data) == 900_000
     _failed(too_big, "output_too_large")
+
+
+# --- a python tool that forks -----------------------------------------------------------------
+
+
+def test_a_python_tool_that_forks_leaves_no_second_pool_process(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, shared_dir: Path
+) -> None:
+    # Given a python tool that forks, and whose copy returns too: the copy would go
+    # on in the pool's loop, a pool process the worker does not know, taking tasks
+    worker = _start(start_worker, redis_url)
+    before = sorted(worker.child_pids())
+    pid_file = shared_dir / "forked.pid"
+
+    # When it runs
+    result = client.submit(SKILL, "test/fork", {"pid_file": str(pid_file)}).result(timeout=30)
+
+    # Then its result is the pool process's own, and the copy is gone at once
+    assert result.success, result.error
+    assert result.output_data["pid"] == result.output_data["parent"]
+    assert result.output_data["pid"] in before
+    wait_until(pid_file.exists, 10, "the copy's pid")
+    copy = int(pid_file.read_text())
+    wait_until(lambda: not process_alive(copy), 5, "the copy to be gone")
+    # And the worker goes on with its own two pool processes, and every result is right
+    results = [client.submit(SKILL, "test/pool-pid").result(timeout=30) for _ in range(20)]
+    assert all(r.success for r in results)
+    assert {r.output_data["pid"] for r in results} <= set(before)
+    assert sorted(worker.child_pids()) == before
+    assert worker.alive()

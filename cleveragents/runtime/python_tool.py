@@ -9,11 +9,14 @@ The tool runs in the worker process, interrupted at its timeout (``deadline``).
 This module turns whatever the tool raises into the library's errors: a
 time-out into ``ToolTimedOut``, ``sys.exit`` and the tool's own exceptions into
 ``ToolExecutionError`` (the class name in ``details["exception_type"]``); a
-``PermissionError`` passes through as ``permission_denied``.
+``PermissionError`` passes through as ``permission_denied``. A copy of the
+process that the tool forked ends as soon as it returns (or raises): only the
+process that called the tool goes on.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -83,6 +86,7 @@ def run_python_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float)
         PermissionError: the tool's own, which is ``permission_denied``.
     """
     fn = activate(tool)
+    pid = os.getpid()
     try:
         return call_with_deadline(fn, timeout_s, **arguments)
     except ToolTimeout:
@@ -103,6 +107,9 @@ def run_python_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float)
         raise ToolExecutionError(
             f"{type(exc).__name__}: {exc}", details={"exception_type": type(exc).__name__}
         ) from exc
+    finally:
+        if os.getpid() != pid:  # a copy the tool forked, on its way back into the pool's
+            os._exit(0)  # loop: it would take tasks as a pool process nobody knows
 
 
 class PythonKind:
