@@ -311,3 +311,23 @@ def test_a_python_tool_that_forks_leaves_no_second_pool_process(
     assert {r.output_data["pid"] for r in results} <= set(before)
     assert sorted(worker.child_pids()) == before
     assert worker.alive()
+
+
+def test_a_python_tool_that_changes_folder_does_not_move_the_next_ones(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, shared_dir: Path
+) -> None:
+    # Given a worker whose pool processes each ran a tool that moved to another folder
+    start_worker(redis_url, concurrency=1, CLEVERAGENTS_CATALOGUE=str(HOSTILE_SKILLS))
+    home = client.submit(SKILL, "test/where").result(timeout=30)
+    assert home.success, home.error
+    moved = client.submit(SKILL, "test/chdir", {"path": str(shared_dir)}).result(timeout=30)
+    assert moved.success, moved.error
+    assert moved.output_data["cwd"] == str(shared_dir)
+
+    # When the next tool runs in the same process
+    after = client.submit(SKILL, "test/where").result(timeout=30)
+
+    # Then it runs in the worker's own folder: relative paths mean what they meant
+    assert after.success, after.error
+    assert after.output_data["pid"] == home.output_data["pid"]
+    assert after.output_data["cwd"] == home.output_data["cwd"]

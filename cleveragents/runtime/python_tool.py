@@ -11,7 +11,8 @@ time-out into ``ToolTimedOut``, ``sys.exit`` and the tool's own exceptions into
 ``ToolExecutionError`` (the class name in ``details["exception_type"]``); a
 ``PermissionError`` passes through as ``permission_denied``. A copy of the
 process that the tool forked ends as soon as it returns (or raises): only the
-process that called the tool goes on.
+process that called the tool goes on. A tool that changes the working folder
+has it changed back once it is done.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def run_python_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float)
         PermissionError: the tool's own, which is ``permission_denied``.
     """
     fn = activate(tool)
-    pid = os.getpid()
+    pid, folder = os.getpid(), os.getcwd()
     try:
         return call_with_deadline(fn, timeout_s, **arguments)
     except ToolTimeout:
@@ -110,6 +111,8 @@ def run_python_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float)
     finally:
         if os.getpid() != pid:  # a copy the tool forked, on its way back into the pool's
             os._exit(0)  # loop: it would take tasks as a pool process nobody knows
+        if os.getcwd() != folder:  # relative paths mean the same for the next invocation
+            os.chdir(folder)
 
 
 class PythonKind:
