@@ -1,0 +1,54 @@
+"""Riding out a Redis restart (``cleveragents/retry.py``): retried, and said once, not silently."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+
+from cleveragents import retry
+from cleveragents.retry import retrying
+
+
+def _flaky(failures: int) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    def operation() -> str:
+        calls.append(1)
+        if len(calls) <= failures:
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+        return "done"
+
+    return calls, operation
+
+
+def test_a_connection_error_is_retried_and_said_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retry, "_warned_at", None)
+    calls, operation = _flaky(3)
+    with caplog.at_level(logging.WARNING, logger="cleveragents.retry"):
+        assert retrying(operation, for_s=10) == "done"  # type: ignore[arg-type]
+    assert len(calls) == 4
+    [record] = caplog.records
+    assert "Connection refused" in record.getMessage()
+    assert "retrying for up to 10 s" in record.getMessage()
+
+
+def test_the_error_is_raised_once_the_time_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(retry, "_warned_at", None)
+    _, operation = _flaky(1000)
+    with pytest.raises(redis.ConnectionError):
+        retrying(operation, for_s=0.3)  # type: ignore[arg-type]
+
+
+def test_an_outage_is_said_at_most_every_warn_every_s(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retry, "_warned_at", None)
+    with caplog.at_level(logging.WARNING, logger="cleveragents.retry"):
+        for _ in range(5):  # many operations of one worker meet the same outage
+            _, operation = _flaky(1)
+            retrying(operation, for_s=10)  # type: ignore[arg-type]
+    assert len(caplog.records) == 1
