@@ -232,3 +232,15 @@ def test_an_args_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> No
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()  # the request id
+
+
+def test_the_reach_check_reads_celerys_tls_spelling_and_leaves_other_urls_to_the_command(
+    redis_url: str,
+) -> None:
+    from cleveragents.cli.reach import _ping, _redis_py_url
+
+    url = "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=CERT_REQUIRED"
+    assert _redis_py_url(url) == "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=required"
+    assert _redis_py_url(url.replace("REQUIRED", "NONE")).endswith("ssl_cert_reqs=none")
+    # An option redis-py does not know (Celery's own): no verdict, the command goes on
+    _ping(f"{redis_url}?celery_only_option=1", "CLEVERAGENTS_BROKER_URL")

@@ -29,11 +29,23 @@ __all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]
 FIRST_CONTACT_S = 3.0
 
 
+def _redis_py_url(url: str) -> str:
+    """``url`` as redis-py reads it: Celery's ``ssl_cert_reqs=CERT_REQUIRED`` spelling too."""
+    for celery, redis_py in (("CERT_REQUIRED", "required"), ("CERT_OPTIONAL", "optional")):
+        url = url.replace(f"ssl_cert_reqs={celery}", f"ssl_cert_reqs={redis_py}")
+    return url.replace("ssl_cert_reqs=CERT_NONE", "ssl_cert_reqs=none")
+
+
 def _ping(url: str, setting: str) -> None:
     shown = maybe_sanitize_url(url)
     deadline = time.monotonic() + FIRST_CONTACT_S
     while True:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0)
+        try:
+            client = redis.Redis.from_url(
+                _redis_py_url(url), socket_connect_timeout=1.0, socket_timeout=2.0
+            )
+        except Exception:  # a URL only Celery reads as it is: the command's own path says why
+            return
         try:
             client.ping()
             return
@@ -48,6 +60,8 @@ def _ping(url: str, setting: str) -> None:
                     f"cannot reach Redis at {shown} ({exc}): start it, or point {setting} "
                     "at yours"
                 ) from None
+        except Exception:  # not a reachability question (TLS options, say): left to the command
+            return
         finally:
             client.close()
         time.sleep(0.25)
