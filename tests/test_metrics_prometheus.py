@@ -42,6 +42,7 @@ from tests.procs import (
     Worker,
     free_port,
     kill_group,
+    process_alive,
     wait_until,
 )
 from tests.prom import Samples, exporter_env, scrape, scrape_text, total, value
@@ -168,11 +169,15 @@ def test_a_forked_child_counts_only_its_own_invocations(tmp_path: Path) -> None:
 
 def _stopped_with_sigterm(worker: Worker, whole_group: bool) -> None:
     assert worker.proc is not None
+    pool = worker.child_pids()
     if whole_group:  # what systemd's default KillMode does
         kill_group(worker.proc, signal.SIGTERM)
     else:  # what docker stop (through tini) and most supervisors do
         worker.proc.send_signal(signal.SIGTERM)
     worker.proc.wait(30)
+    # Signalled as a group, each pool process flushes its counts on its own, and may
+    # still be at it when the main process has gone: done once every process has exited
+    wait_until(lambda: not any(process_alive(pid) for pid in pool), 10, "the pool to exit")
 
 
 @pytest.mark.parametrize("whole_group", [False, True], ids=["worker", "process-group"])
