@@ -480,6 +480,29 @@ def test_no_invocation_starts_later_than_tail_s_past_the_slice(
     assert time.monotonic() - began < SLICE_S + 2 * TAIL_S + 0.5
 
 
+def test_a_chunk_stops_at_its_slice_when_an_interactive_invocation_waits(
+    catalogue: Catalogue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a chunk whose group's rest would be quick enough to finish past the slice
+    # (a TAIL_S of a second; each request a sixteenth of the slice), and an
+    # interactive invocation waiting for this process
+    monkeypatch.setattr(chunk_module, "TAIL_S", 1.0)
+    _, pipeline, bodies = _timed_chunk(catalogue, tmp_path, 300, SLICE_S / 16)
+    asked: list[float] = []
+
+    def waiting() -> bool:
+        asked.append(time.monotonic())
+        return True
+
+    # When it runs
+    report, requeued = run_chunk(pipeline, bodies, others_waiting=waiting)
+    # Then it stopped at the first invocation past its slice (about sixteen ran), not
+    # at its group's end, asking once; the rest went back
+    assert report["ran"] <= 20
+    assert requeued == [bodies[report["ran"] :]]
+    assert len(asked) == 1
+
+
 def test_a_chunk_of_more_than_max_chunk_items_sends_the_rest_back_in_pieces_first(
     catalogue: Catalogue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,8 @@ id seen twice in one chunk. The clock is read after every invocation: once the
 slice (``SLICE_S``) is over, the results are stored and the requests not yet run
 are handed to ``requeue``, so that the process turns to other queues in between:
 an interactive invocation never waits behind a whole chunk. (Quick tools finish
-the group of requests looked up together first, for at most ``TAIL_S`` more.)
+the group of requests looked up together first, for at most ``TAIL_S`` more,
+unless ``others_waiting`` says an interactive invocation waits: then they stop.)
 The lookups are sized by time too: a group holds about ``TAIL_S`` of invocations
 at the rate measured so far (``FIRST_GROUP`` to ``MAX_GROUP`` requests), so quick
 tools cost two round trips (a lookup, a bind) per slice rather than per 32.
@@ -135,12 +136,15 @@ class ChunkReport:
 class _Clock:
     """The time slice of one chunk message, and how long its invocations took."""
 
-    def __init__(self) -> None:
+    def __init__(self, others_waiting: OthersWaiting | None = None) -> None:
         self.began = time.monotonic()
         self.until = self.began + SLICE_S
         self.durations: list[float] = []
         self.typical: float | None = None
         self.group = FIRST_GROUP
+        self.others_waiting = others_waiting
+        #: What ``others_waiting`` said once this slice was over (asked once a slice).
+        self.waiting: bool | None = None
 
     def may_stay(self) -> bool:
         """Whether another slice fits in the time a chunk may stay (``STAY_S``)."""
@@ -149,7 +153,7 @@ class _Clock:
     def next_slice(self) -> None:
         """Start another slice, measured afresh."""
         self.until = time.monotonic() + SLICE_S
-        self.durations, self.typical = [], None
+        self.durations, self.typical, self.waiting = [], None, None
 
     def expired(self) -> bool:
         """Whether the slice is over."""
@@ -178,13 +182,30 @@ class _Clock:
     def over(self, left_in_group: int) -> bool:
         """Whether to stop now: the slice is over, and ``TAIL_S`` past it too, or the last
         invocation was slow, or the group's rest, at the typical invocation's time, is not
-        quick. So no invocation starts later than ``TAIL_S`` past the slice."""
+        quick, or something else waits for this process (or nothing says: RabbitMQ). So
+        no invocation starts later than ``TAIL_S`` past the slice, and none at all past
+        it while an interactive invocation waits."""
         now = time.monotonic()
         if now < self.until:
             return False
         if now >= self.until + TAIL_S or self.durations[-1] > TAIL_S:
             return True
-        return left_in_group * self.per_item_s() > TAIL_S
+        if left_in_group * self.per_item_s() > TAIL_S:
+            return True
+        if self.others_waiting is None:
+            return True
+        if self.waiting is None:  # a round trip: once a slice, not once an invocation
+            self.waiting = self.others_waiting()
+        return self.waiting
+
+    def waits_now(self) -> bool:
+        """Whether something else waits for this process, as the slice ends: what ``over``
+        was told when that said yes (a moment ago), else asked afresh."""
+        if self.others_waiting is None:
+            return True
+        if not self.waiting:
+            self.waiting = self.others_waiting()
+        return self.waiting
 
 
 class _Slice:
@@ -309,7 +330,7 @@ def execute_chunk(
         _send_back(pipeline, careful, requeue, bodies, MAX_CHUNK_ITEMS, sizes)
         bodies = bodies[:MAX_CHUNK_ITEMS]
     work = _Slice(pipeline, careful, report_failures)
-    clock = _Clock()
+    clock = _Clock(others_waiting)
     done = 0
     while done < len(bodies):
         done += work.run_group(bodies[done : done + clock.group_size()], done, clock)
@@ -317,7 +338,7 @@ def execute_chunk(
             work.flush()
             sizes = pieces(len(bodies) - done, clock.per_item_s())
             quick = len(sizes) == 1 and clock.may_stay()
-            if quick and others_waiting is not None and not others_waiting():
+            if quick and others_waiting is not None and not clock.waits_now():
                 clock.next_slice()
                 continue
             _send_back(pipeline, careful, requeue, bodies, done, sizes)
