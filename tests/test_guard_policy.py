@@ -439,13 +439,13 @@ def test_quick_tools_are_looked_up_in_groups_sized_by_time(
     catalogue: Catalogue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a chunk of 600 quick requests (a line appended to a file each), and a
-    # TAIL_S of a second, so that a loaded machine still measures them as quick
-    monkeypatch.setattr(chunk_module, "TAIL_S", 1.0)
+    # slice of half a second, so that on a loaded machine too many fit in it
+    monkeypatch.setattr(chunk_module, "SLICE_S", 0.5)
     bodies = [body(READ, f"q-{i:03d}", tmp_path / "log") for i in range(600)]
     # When it runs
     report, sizes = _looked_up(catalogue, bodies)
-    # Then the first group is FIRST_GROUP, and the next ones hold about TAIL_S of
-    # invocations at the rate measured: more per round trip, at most MAX_GROUP
+    # Then the first group is FIRST_GROUP, and the next ones fill what is left of the
+    # slice at the rate measured: more per round trip, at most MAX_GROUP
     assert report["ran"] > FIRST_GROUP
     assert sizes[0] == FIRST_GROUP
     assert max(sizes) > FIRST_GROUP
@@ -453,8 +453,8 @@ def test_quick_tools_are_looked_up_in_groups_sized_by_time(
 
 
 def test_slower_tools_keep_groups_of_first_group(catalogue: Catalogue, tmp_path: Path) -> None:
-    # Given requests that each take a tenth of TAIL_S: ten fit in TAIL_S, fewer than
-    # FIRST_GROUP, so every group is FIRST_GROUP (or the rest of the chunk)
+    # Given requests that each take a tenth of the slice: at most ten fit in what is
+    # left of it, fewer than FIRST_GROUP, so every group is FIRST_GROUP (or the rest)
     bodies = [body(READ, f"m-{i:03d}", tmp_path / "log", sleep_s=TAIL_S / 10) for i in range(80)]
     _, sizes = _looked_up(catalogue, bodies)
     assert all(size <= FIRST_GROUP for size in sizes)

@@ -9,9 +9,9 @@ are handed to ``requeue``, so that the process turns to other queues in between:
 an interactive invocation never waits behind a whole chunk. (Quick tools finish
 the group of requests looked up together first, for at most ``TAIL_S`` more,
 unless ``others_waiting`` says an interactive invocation waits: then they stop.)
-The lookups are sized by time too: a group holds about ``TAIL_S`` of invocations
-at the rate measured so far (``FIRST_GROUP`` to ``MAX_GROUP`` requests), so quick
-tools cost two round trips (a lookup, a bind) per slice rather than per 32.
+The lookups are sized by time too: a group holds what is left of the slice at the
+rate measured so far (``FIRST_GROUP`` to ``MAX_GROUP`` requests), so quick tools
+cost two round trips (a lookup, a bind) per slice rather than per 32.
 
 The rest is sized by time, not by count: what the slice measured per invocation
 says how long the rest will take, and a rest longer than ``PIECE_S`` goes back as
@@ -72,8 +72,8 @@ __all__ = [
 #: it is requeued.
 SLICE_S = 0.02
 #: Requests whose stored results are looked up (and ids bound) at once, before anything
-#: is measured, and the fewest in any group: a group is then sized to take about
-#: ``TAIL_S`` at the rate measured (each lookup is a round trip: about 0.1 ms of CPU).
+#: is measured, and the fewest in any group: a group is then sized to fill what is left
+#: of the slice at the rate measured (each lookup is a round trip: about 0.1 ms of CPU).
 FIRST_GROUP = 32
 #: The most requests looked up at once.
 MAX_GROUP = 256
@@ -170,12 +170,15 @@ class _Clock:
         return self.typical
 
     def group_size(self) -> int:
-        """How many requests to look up next: about ``TAIL_S`` of invocations at the rate
-        of the last ones (``FIRST_GROUP`` to ``MAX_GROUP``; as before when none ran since)."""
+        """How many requests to look up next: as many as fit in what is left of the slice
+        at the rate of the last ones (``FIRST_GROUP`` to ``MAX_GROUP``; as before when none
+        ran since), so that a group ends about when the slice does, and the question
+        whether something else waits comes on time."""
         recent = self.durations[-FIRST_GROUP:]
         if recent:
             each = statistics.median(recent)
-            fits = int(TAIL_S / each) if each > 0 else MAX_GROUP
+            left = max(self.until - time.monotonic(), 0.0)
+            fits = int(left / each) if each > 0 else MAX_GROUP
             self.group = max(FIRST_GROUP, min(MAX_GROUP, fits))
         return self.group
 
