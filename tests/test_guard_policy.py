@@ -369,17 +369,24 @@ def _timed_chunk(
     return stores, make_pipeline(catalogue, stores), bodies
 
 
+def _answering(answer: bool) -> tuple[list[float], Callable[[], bool]]:
+    """An ``others_waiting`` that always gives ``answer``, and when it was asked."""
+    asked: list[float] = []
+
+    def others_waiting() -> bool:
+        asked.append(time.monotonic())
+        return answer
+
+    return asked, others_waiting
+
+
 def test_a_quick_rest_runs_on_in_its_process_while_nothing_else_waits(
     catalogue: Catalogue, tmp_path: Path
 ) -> None:
     # Given a chunk of quick requests whose slices end before its last one, and no
     # interactive invocation waiting
     stores, pipeline, bodies = _timed_chunk(catalogue, tmp_path, 40, SLICE_S / 16)
-    asked: list[float] = []
-
-    def nothing_waits() -> bool:
-        asked.append(time.monotonic())
-        return False
+    asked, nothing_waits = _answering(False)
 
     # When it runs
     report, requeued = run_chunk(pipeline, bodies, others_waiting=nothing_waits)
@@ -488,11 +495,7 @@ def test_a_chunk_stops_at_its_slice_when_an_interactive_invocation_waits(
     # interactive invocation waiting for this process
     monkeypatch.setattr(chunk_module, "TAIL_S", 1.0)
     _, pipeline, bodies = _timed_chunk(catalogue, tmp_path, 300, SLICE_S / 16)
-    asked: list[float] = []
-
-    def waiting() -> bool:
-        asked.append(time.monotonic())
-        return True
+    asked, waiting = _answering(True)
 
     # When it runs
     report, requeued = run_chunk(pipeline, bodies, others_waiting=waiting)
