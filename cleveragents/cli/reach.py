@@ -5,7 +5,7 @@ is right for a worker or a long batch run, and wrong for a command that has not
 reached Redis once: a mistyped URL or a Redis that is not running looked like a
 hang. So each CLI command that uses a broker pings the Redis servers it names
 first, for a few seconds (a RabbitMQ broker too), and says which setting to fix.
-The library is unchanged.
+The library keeps riding out restarts (it logs that it does: ``cleveragents.retry``).
 """
 
 from __future__ import annotations
