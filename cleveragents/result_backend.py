@@ -76,6 +76,19 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         request: Any = None,
         **kwargs: Any,
     ) -> Any:
+        key, value, ttl = self.encoded_state(task_id, result, state, traceback, request)
+        publish = state in states.READY_STATES
+        self.ensure(self._store, (key, value, ttl, publish))
+        return result
+
+    def encoded_state(
+        self, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None
+    ) -> tuple[str, str | bytes, int]:
+        """A state as it is stored: its key, its encoded meta, its time to live (s, 0: none).
+
+        Raises:
+            BackendStoreError: the encoded meta is too large for Redis.
+        """
         meta = self._get_result_meta(
             result=result, state=state, traceback=traceback, request=request
         )
@@ -85,13 +98,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
             too_large = "value too large for Redis backend"
             raise BackendStoreError(too_large, state=state, task_id=task_id)
         expires = self.failure_expires if state == states.FAILURE else self.expires
-        publish = state in states.READY_STATES
-        self.ensure(self._store, (self.get_key_for_task(task_id), value, expires, publish))
-        return result
-
-    def _store(self, key: str | bytes, value: Any, expires: Any, publish: bool) -> Any:
         seconds = expires.total_seconds() if hasattr(expires, "total_seconds") else expires
         ttl = math.ceil(float(seconds)) if seconds and seconds > 0 else 0
+        return bytes_to_str(self.get_key_for_task(task_id)), value, ttl
+
+    def _store(self, key: str, value: Any, ttl: int, publish: bool) -> Any:
         return self._store_script(keys=[key], args=[value, ttl, 1 if publish else 0])
 
 

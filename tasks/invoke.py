@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from celery import Task, states
@@ -11,6 +12,8 @@ from celery.exceptions import Ignore
 from cleveragents.binding import REASON_REUSED
 from cleveragents.constants import TASK_INVOKE
 from cleveragents.pipeline import execute
+from cleveragents.result_backend import RedisBackend
+from cleveragents.stores import StartedMark
 from cleveragents.wire import SkillInvocationFailed, failure_summary, result_payload
 from worker import app, state
 
@@ -30,10 +33,16 @@ def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: s
     return args
 
 
-def _store_started(task: Task[Any, Any], task_id: str) -> None:
-    """Store STARTED as Celery's tracer would (``task_track_started``), for this id only."""
+def _started(task: Task[Any, Any], task_id: str) -> StartedMark:
+    """STARTED as Celery's tracer would store it (``task_track_started``), for this id only;
+    encoded too on Redis, where it is stored in the round trip that binds the id."""
     meta = {"pid": os.getpid(), "hostname": task.request.hostname}
-    task.backend.store_result(task_id, meta, states.STARTED, request=task.request)
+    backend = task.backend
+    write = partial(backend.store_result, task_id, meta, states.STARTED, request=task.request)
+    if not isinstance(backend, RedisBackend):
+        return StartedMark(write)
+    key, value, ttl = backend.encoded_state(task_id, meta, states.STARTED, request=task.request)
+    return StartedMark(write, key, value, ttl)
 
 
 def redelivered(task: Task[Any, Any]) -> bool:
@@ -47,8 +56,8 @@ def redelivered(task: Task[Any, Any]) -> bool:
     typing=False,  # the runtime, not Celery, judges the arguments
     throws=(SkillInvocationFailed,),  # an expected failure: logged on one line, no traceback
     Request="tasks.request:RedactingRequest",  # Flower never sees argument values
-    # STARTED is stored below, once the id is known to be this request's: Celery's
-    # tracer stores it before the task runs, over another request's stored failure.
+    # STARTED is stored with the id's bind, once the id is known to be this request's:
+    # Celery's tracer stores it before the task runs, over another request's failure.
     track_started=False,
 )
 def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -56,15 +65,15 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     task_id = self.request.id or ""
     body = _request_from_args(args, kwargs, task_id)
     pipeline = state.pipeline(self.app.backend)
-    answer = pipeline.answered(body, task_id) if task_id else None
+    track = task_id and self.app.conf.task_track_started
+    started = _started(self, task_id) if track else None
+    answer = pipeline.answered(body, task_id, started) if task_id else None
     if answer is not None:
         # Its id answers another request, or this one already: nothing runs, and the
         # stored result is never overwritten (Ignore stores no state).
         if answer.error is not None and answer.error.details.get("reason") == REASON_REUSED:
             pipeline.observe(task_id, answer)
         raise Ignore()
-    if task_id and self.app.conf.task_track_started:
-        _store_started(self, task_id)
     result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))
     payload = result_payload(result, task_id)
     if not result.success:

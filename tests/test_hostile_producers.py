@@ -191,6 +191,21 @@ def test_a_producers_time_limit_and_eta_are_ignored(
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.parametrize("chosen", [False, True], ids=["fresh id", "id chosen and bound first"])
+def test_a_running_invocation_reads_as_started(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, chosen: bool
+) -> None:
+    # STARTED is stored with the id's bind: for a fresh id the bind is the worker's
+    # first, for a chosen one the client bound it before sending
+    start_worker(redis_url)
+    rid = f"started-{uuid.uuid4()}" if chosen else None
+    handle = client.submit("test/hostile", "test/sleep-with", {"seconds": 3, "token": "t"},
+                           request_id=rid)
+    wait_until(lambda: client.state(handle.request_id) == "STARTED", 30, "the tool to start")
+    assert handle.result(timeout=60).success
+    assert client.state(handle.request_id) == "SUCCESS"
+
+
 def test_inspect_shows_redacted_arguments_of_running_invocations(
     redis_url: str, start_worker: StartWorker, client: SkillClient
 ) -> None:

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from cleveragents.outcomes import failed_result
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, SkillResult
-from cleveragents.stores import Claim, open_stores
+from cleveragents.stores import Claim, RedisGuardStore, StartedMark, open_stores
 from cleveragents.wire import result_payload
 from tests.composefile import (
     REDIS_ADMIN,
@@ -529,3 +530,35 @@ def test_a_producer_cannot_steer_workers_by_remote_control(
         acl_worker: {"ok": "pong"}
     }
     assert {entry["username"] for entry in acl_redis.denials()} == {"producer"}
+
+
+def test_a_worker_user_of_the_older_rules_binds_and_stores_started_in_two_steps(
+    acl_redis: RedisWithUsers, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a worker user set up by the rules before the bind-and-start script: its
+    # bind selector does not name the result keys
+    admin = acl_redis.admin()
+    older = f"older-worker-{uuid.uuid4().hex[:8]}"
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", older, "on", ">pw", "-@all", "+@connection", "+script|load",
+        "(~cleveragents:bind:* +set +evalsha)", "(~celery-task-meta-* +get +set +evalsha)",
+    )
+    try:
+        client = redis.Redis(port=acl_redis.port, username=older, password="pw")
+        store = RedisGuardStore(client, 600, scripted=True)
+        writes: list[str] = []
+        mark = StartedMark(lambda: writes.append("started"), "celery-task-meta-old-1",
+                           '{"status": "STARTED"}', 600)
+        # When it binds a first delivery, twice
+        with caplog.at_level(logging.WARNING, logger="cleveragents.stores.redis"):
+            assert store.bind_starting("old-1", "d1", mark) == (None, True)
+            assert store.bind_starting("old-2", "d1", mark) == (None, True)
+        # Then it is bound, STARTED went through the backend, and the fix was said once
+        assert admin.get("cleveragents:bind:old-1") == b"d1"
+        assert writes == ["started", "started"]
+        said = [r.getMessage() for r in caplog.records if "~celery-task-meta-*" in r.getMessage()]
+        assert len(said) == 1, said
+        client.close()
+    finally:
+        admin.acl_deluser(older)
+        admin.acl_log_reset()

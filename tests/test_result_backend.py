@@ -16,7 +16,12 @@ import pytest
 import redis
 from celery import Celery, states
 
+from cleveragents.pipeline import Pipeline
 from cleveragents.result_backend import BACKEND_CLASS, RedisBackend, worker_result_backend
+from cleveragents.settings import Settings
+from cleveragents.skills import Catalogue
+from cleveragents.stores import StartedMark, open_stores
+from tests.procs import EXAMPLE_SKILLS
 from tests.redis_sends import sends
 
 
@@ -106,3 +111,36 @@ def test_a_result_stored_after_a_redis_script_flush_still_lands(
     backend.store_result("t5", {"ok": 5}, states.SUCCESS)
 
     assert _stored(redis_url, "t5")["status"] == states.SUCCESS
+
+
+def test_a_first_delivery_binds_its_id_and_stores_started_in_one_round_trip(
+    redis_url: str, backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker's pipeline over this backend, as a pool process builds it
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    catalogue = Catalogue.from_paths(EXAMPLE_SKILLS)
+    pipeline = Pipeline.over(catalogue, open_stores(settings, backend, worker=True))
+    body = {"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": "a"}}
+    rid = f"first-{time.monotonic_ns()}"
+    writes: list[str] = []
+    key, value, ttl = backend.encoded_state(rid, {"pid": 7}, states.STARTED)
+    mark = StartedMark(lambda: writes.append(rid), key, value, ttl)
+    pipeline.answered(body, "warm-up", StartedMark(lambda: None, *backend.encoded_state(
+        "warm-up", {}, states.STARTED)))  # loads the script
+
+    with sends(monkeypatch) as sent:
+        assert pipeline.answered(body, rid, mark) is None
+
+    assert len(sent) == 1, sent  # before: a bind, then a STARTED: two
+    assert writes == []
+    assert backend.get_task_meta(rid)["status"] == states.STARTED
+    assert 0 < redis.Redis.from_url(redis_url).ttl(key) <= 600
+    # The same delivery again (a redelivery) runs too, and its STARTED costs nothing more
+    with sends(monkeypatch) as sent:
+        assert pipeline.answered(body, rid, mark) is None
+    assert len(sent) == 1, sent
+    # Once finished it is answered by its result, and STARTED is not stored over it
+    pipeline.results.put_many([(rid, pipeline.run(body))])
+    assert pipeline.answered(body, rid, mark) is not None
+    assert backend.get_task_meta(rid)["status"] == states.SUCCESS
+    assert writes == []

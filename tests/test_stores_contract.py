@@ -33,6 +33,7 @@ from cleveragents.stores import (
     RedisGuardStore,
     RedisMetricStore,
     RedisResultStore,
+    StartedMark,
     Stores,
     open_stores,
 )
@@ -178,6 +179,77 @@ def test_a_request_id_is_bound_once_to_its_first_digest(stores: Stores) -> None:
     assert stores.guard.bind([]) == []
     assert stores.guard.binding("b-2") == "d2"
     assert stores.guard.binding("never-used") is None
+
+
+class Started:
+    """A STARTED mark for ``rid``: counts its writes through the backend, and carries
+    its encoded form beside a Redis result store (as a worker's task builds it)."""
+
+    def __init__(self, stores: Stores, rid: str) -> None:
+        self.stores, self.rid, self.writes = stores, rid, 0
+        self.results = stores.results if isinstance(stores.results, RedisResultStore) else None
+        key = None if self.results is None else _text(self.results.key_for(rid))
+        value = json.dumps({"status": "STARTED", "result": {"pid": 1}, "task_id": rid})
+        self.mark = StartedMark(self._write, key, value, 60)
+
+    def _write(self) -> None:
+        self.writes += 1
+
+    def stored(self) -> bool:
+        """Whether the mark was stored, by the script or through the backend."""
+        if self.writes:
+            return True
+        if self.results is None:
+            return False
+        raw = self.results.client.get(self.results.key_for(self.rid))
+        return raw is not None and json.loads(raw)["status"] == "STARTED"
+
+
+def _text(key: str | bytes) -> str:
+    return key.decode() if isinstance(key, bytes) else key
+
+
+def _scripted(stores: Stores) -> bool:
+    return isinstance(stores.guard, RedisGuardStore) and stores.guard.scripted
+
+
+def test_binding_a_free_id_stores_started_with_it(stores: Stores) -> None:
+    started = Started(stores, "s-1")
+    assert stores.guard.bind_starting("s-1", "d1", started.mark) == (None, True)
+    assert started.stored()
+    assert stores.guard.binding("s-1") == "d1"
+    # In one round trip where the store can: nothing written through the backend
+    assert started.writes == (0 if _scripted(stores) else 1)
+
+
+def test_an_id_bound_to_other_content_stores_no_started(stores: Stores) -> None:
+    stores.guard.bind([("s-2", "d1")])
+    started = Started(stores, "s-2")
+    assert stores.guard.bind_starting("s-2", "other", started.mark) == ("d1", False)
+    assert not started.stored()
+
+
+def test_an_id_bound_to_the_same_content_stores_started_only_where_nothing_finished(
+    stores: Stores,
+) -> None:
+    stores.guard.bind([("s-3", "d1"), ("s-4", "d1")])
+    stores.results.put_many([("s-4", ok("four"))])
+    running, finished = Started(stores, "s-3"), Started(stores, "s-4")
+    # Nothing finished under s-3: a worker's Redis store marks it in the same round
+    # trip; the others leave that to the caller, who reads the results first
+    assert stores.guard.bind_starting("s-3", "d1", running.mark) == ("d1", _scripted(stores))
+    assert running.stored() == _scripted(stores)
+    # A finished result is never overwritten
+    assert stores.guard.bind_starting("s-4", "d1", finished.mark) == ("d1", False)
+    assert stores.results.get_payloads(["s-4"]) == [result_payload(ok("four"), "s-4")]
+
+
+def test_a_stored_success_is_never_overwritten_by_started(stores: Stores) -> None:
+    stores.results.put_many([("s-5", ok("five"))])
+    started = Started(stores, "s-5")
+    before, _ = stores.guard.bind_starting("s-5", "d1", started.mark)
+    assert before is None
+    assert stores.results.get_payloads(["s-5"]) == [result_payload(ok("five"), "s-5")]
 
 
 def test_results_are_stored_and_read_back_in_order(stores: Stores) -> None:

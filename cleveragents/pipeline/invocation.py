@@ -12,7 +12,7 @@ from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
 from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite
 from cleveragents.skills import Catalogue, SkillResult
-from cleveragents.stores import ResultStore, Stores
+from cleveragents.stores import ResultStore, StartedMark, Stores
 
 __all__ = ["Observer", "Pipeline", "execute"]
 
@@ -69,22 +69,35 @@ class Pipeline:
             before_write=before_write,
         )
 
-    def answered(self, body: Any, request_id: str) -> SkillResult | None:
+    def answered(
+        self, body: Any, request_id: str, started: StartedMark | None = None
+    ) -> SkillResult | None:
         """The answer to a delivery that must neither run nor store anything, if it is one.
 
         Its id bound to other content: the ``request_id_reused`` refusal. Its id bound
-        to this content with a result stored that answers it: that result. The first
-        delivery of an id costs one round trip (``SET NX GET``) and nothing more.
+        to this content with a result stored that answers it: that result. Where the
+        delivery runs, ``started`` (if given) is stored first. The first delivery of an
+        id costs one round trip on Redis, its ``STARTED`` included.
         """
         digest = content_digest(body)
-        [before] = self.guard.store.bind([(request_id, digest)])
+        if started is None:
+            [before] = self.guard.store.bind([(request_id, digest)])
+            marked = False
+        else:
+            before, marked = self.guard.store.bind_starting(request_id, digest, started)
         if before is None:
             return None
         if before != digest:
             return reused_result(body)
+        if marked:  # no finished result is stored: it runs
+            return None
         writes = isinstance(body, dict) and body.get("allow_writes") is True
         [stored] = self.results.reusable([request_id], [writes])
-        return None if stored is None else SkillResult.model_validate(stored)
+        if stored is not None:
+            return SkillResult.model_validate(stored)
+        if started is not None:
+            started.write()
+        return None
 
     def run_guarded(
         self, body: Any, request_id: str, *, redelivered: bool, chunk_item: bool = False

@@ -23,6 +23,7 @@ from cleveragents.stores.base import (
     MetricCounts,
     MetricStore,
     ResultStore,
+    StartedMark,
 )
 from cleveragents.stores.factory import Stores, open_stores
 from cleveragents.stores.files import (
@@ -63,6 +64,7 @@ __all__ = [
     "RedisMetricStore",
     "RedisResultStore",
     "ResultStore",
+    "StartedMark",
     "Stores",
     "open_stores",
 ]

@@ -13,7 +13,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,8 @@ __all__ = [
     "MetricCounts",
     "MetricStore",
     "ResultStore",
+    "StartedMark",
+    "bind_then_start",
 ]
 
 _HOST = socket.gethostname()
@@ -102,6 +104,32 @@ class Claim:
             return cls("", 0, 0.0)
 
 
+@dataclass(frozen=True)
+class StartedMark:
+    """The state a delivery stores as its run starts: Celery's ``STARTED``.
+
+    ``write`` stores it through the result backend. Beside a Redis result backend
+    it is also given encoded (``value`` under ``key``, ``ttl_s``: 0 for none), so
+    that a store in the same Redis can write it in the round trip of the bind
+    (``GuardStore.bind_starting``); ``key`` is None where it cannot be.
+    """
+
+    write: Callable[[], None]
+    key: str | None = None
+    value: str | bytes = ""
+    ttl_s: int = 0
+
+
+def bind_then_start(
+    store: GuardStore, request_id: str, digest: str, mark: StartedMark
+) -> tuple[str | None, bool]:
+    """``GuardStore.bind_starting`` in two steps: bind, then store ``mark`` if the id was free."""
+    [before] = store.bind([(request_id, digest)])
+    if before is None:
+        mark.write()
+    return before, before is None
+
+
 @dataclass
 class MetricCounts:
     """Counters of finished invocations: by outcome, by duration bucket, and summed seconds.
@@ -176,6 +204,18 @@ class GuardStore(Protocol):
 
     def binding(self, request_id: str) -> str | None:
         """The digest ``request_id`` is bound to, or None when nothing used it (or it expired)."""
+        ...
+
+    def bind_starting(
+        self, request_id: str, digest: str, mark: StartedMark
+    ) -> tuple[str | None, bool]:
+        """``bind`` one id, and store ``mark`` where its run starts for sure.
+
+        That is where the id was free; a store that can read the stored result in
+        the same round trip (Redis) also stores it where the id is bound to this
+        digest and no finished result is stored. Returns the digest the id was
+        bound to before, and whether ``mark`` was stored.
+        """
         ...
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cleveragents.constants import DEAD_LETTER_LIMIT
-from cleveragents.stores.base import Claim, MetricCounts
+from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.results import KeyValueResults
 
 __all__ = ["FileBatchLedger", "FileGuardStore", "FileResultStore", "NullMetricStore"]
@@ -133,6 +133,12 @@ class FileGuardStore:
             return self._path("bind", request_id).read_text(encoding="utf-8") or None
         except FileNotFoundError:
             return None
+
+    def bind_starting(
+        self, request_id: str, digest: str, mark: StartedMark
+    ) -> tuple[str | None, bool]:
+        """Bind the id, then store ``mark`` through the backend if it was free."""
+        return bind_then_start(self, request_id, digest, mark)
 
 
 class FileResultStore(KeyValueResults):

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cleveragents.constants import DEAD_LETTER_LIMIT
-from cleveragents.stores.base import Claim, MetricCounts
+from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.results import KeyValueResults
 
 __all__ = ["MemoryBatchLedger", "MemoryGuardStore", "MemoryMetricStore", "MemoryResultStore"]
@@ -79,6 +79,12 @@ class MemoryGuardStore:
         """The digest the id is bound to, if any."""
         with self._lock:
             return self._bound.get(request_id)
+
+    def bind_starting(
+        self, request_id: str, digest: str, mark: StartedMark
+    ) -> tuple[str | None, bool]:
+        """Bind the id, then store ``mark`` through the backend if it was free."""
+        return bind_then_start(self, request_id, digest, mark)
 
 
 class MemoryResultStore(KeyValueResults):

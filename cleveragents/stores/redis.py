@@ -12,9 +12,12 @@ The commands are those the worker's and producer's Redis users may run
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property, partial
 from typing import Any
+
+from redis.exceptions import NoPermissionError
 
 from cleveragents.constants import (
     BATCH_KEY_PREFIX,
@@ -26,11 +29,13 @@ from cleveragents.constants import (
     INVOCATIONS_KEY,
 )
 from cleveragents.retry import retrying
-from cleveragents.stores.base import Claim, MetricCounts
+from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.resp import Arg, Script, pipelined
 from cleveragents.stores.results import KeyValueResults
 
 __all__ = ["RedisBatchLedger", "RedisGuardStore", "RedisMetricStore", "RedisResultStore"]
+
+log = logging.getLogger(__name__)
 
 #: Ledger ids read from Redis at once.
 _PAGE = 10_000
@@ -62,6 +67,35 @@ end
 return #KEYS
 """
 
+#: KEYS[1]: the id's bind key, KEYS[2]: its result key. ARGV: the digest, the bind's
+#: time to live (s), the encoded STARTED state, its time to live (s, 0: none). Binds
+#: the id; stores STARTED where the run starts for sure: the id was free (unless a
+#: SUCCESS is stored: that is never overwritten), or bound to this digest with no
+#: finished state stored. Returns what the bind key held before (nil: it was free),
+#: and 1 where STARTED was stored, else 0.
+_BIND_STARTING_LUA = """
+local before = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'EX', ARGV[2])
+if before and before ~= ARGV[1] then
+  return {before, 0}
+end
+local current = redis.call('GET', KEYS[2])
+if current then
+  local ok, meta = pcall(cjson.decode, current)
+  if ok and type(meta) == 'table' then
+    if meta.status == 'SUCCESS' or (before and meta.status == 'FAILURE') then
+      return {before, 0}
+    end
+  end
+end
+local ttl = tonumber(ARGV[4])
+if ttl and ttl > 0 then
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
+else
+  redis.call('SET', KEYS[2], ARGV[3])
+end
+return {before, 1}
+"""
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -81,6 +115,8 @@ class RedisGuardStore:
         #: Whether the broker marks redeliveries: kombu's Redis transport marks a
         #: restored message, AMQP a redelivered one; the embedded file transport none.
         self.marks_redeliveries = marks_redeliveries
+        #: Redis refused the bind-and-start script (an older ACL): two steps instead.
+        self._bind_starting_refused = False
 
     def _key(self, kind: str, request_id: str) -> str:
         return f"{CLAIM_KEY_PREFIX}{kind}:{request_id}"
@@ -168,6 +204,40 @@ class RedisGuardStore:
         """The digest under the id's bind key, if any."""
         raw = retrying(lambda: self.client.get(f"{BIND_KEY_PREFIX}{request_id}"))
         return None if raw is None else _text(raw)
+
+    def bind_starting(
+        self, request_id: str, digest: str, mark: StartedMark
+    ) -> tuple[str | None, bool]:
+        """Bind the id and store ``mark`` in one round trip (a worker's; see the script).
+
+        A producer, whose Redis user runs no scripts, or a mark without its encoded
+        form, takes two steps (``bind_then_start``).
+        """
+        if not self.scripted or mark.key is None or self._bind_starting_refused:
+            return bind_then_start(self, request_id, digest, mark)
+        keys = [f"{BIND_KEY_PREFIX}{request_id}", mark.key]
+        args: list[Arg] = [digest, self.ttl, mark.value, mark.ttl_s]
+        try:
+            # Sent again after a lost reply, it finds its own digest and its own
+            # STARTED: stored again, which is harmless.
+            before, stored = retrying(lambda: self._bind_starting_script(keys=keys, args=args))
+        except NoPermissionError as exc:
+            # A Redis user set up by an older docs/deployment.md: refused before the
+            # script ran, so nothing happened. Two steps from now on, said once.
+            self._bind_starting_refused = True
+            log.warning(
+                "Redis refused the script that binds a request id and stores STARTED at "
+                "once (%s): add ~celery-task-meta-* to the worker user's "
+                "(~cleveragents:bind:* +set +evalsha) selector (docs/deployment.md, "
+                "\"Redis users per role\"); until then it takes two round trips",
+                exc,
+            )
+            return bind_then_start(self, request_id, digest, mark)
+        return (None if before is None else _text(before)), bool(stored)
+
+    @cached_property
+    def _bind_starting_script(self) -> Script:
+        return Script(self.client, _BIND_STARTING_LUA)
 
 
 class RedisResultStore(KeyValueResults):
