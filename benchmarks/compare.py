@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
         [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
-        [--systems plain,events,chunks,dramatiq,singles,batch,slow] [--check]
+        [--systems plain,events,chunks,dramatiq,singles,batch,slow] [--paired 600]
+        [--check]
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
 each started as its users start it, with its defaults; the trivial tool
@@ -43,8 +44,15 @@ the systems, since the machine is noisy; compare ratios taken in one round, neve
 absolute numbers across runs. Dramatiq is an extra (``pip install -e ".[bench]"``):
 without it that row is skipped.
 
+Round trips one at a time are measured twice. In each round, as above; then, when
+plain and singles are both wanted, **paired**: both workers thawed, one round trip
+of each system in turn (``--paired`` pairs, the order flipped every pair), and with
+events wanted the same again with plain Celery's task events on. On a virtual
+machine whose speed drifts by half within a minute, only paired samples share their
+moment: the p50 target is judged on them (the rounds' ratios are printed too).
+
 Targets (issue 15): batch >= 0.8x chunks; singles >= 0.8x plain jobs/s and p50
-<= 1.15x plain's; slow <= 1.2x its ideal time. The exit status is 0 unless a run
+<= 1.15x plain's (paired); slow <= 1.2x its ideal time. The exit status is 0 unless a run
 failed, or, with ``--check``, a target was missed in the median of the rounds.
 Every process it starts is killed by its process group at the end, on Ctrl-C or
 on error.
@@ -251,6 +259,34 @@ def timed_round_trips(one: Callable[[], None], samples: int) -> list[float]:
     return times
 
 
+def paired_round_trips(
+    first: Callable[[], None], second: Callable[[], None], pairs: int
+) -> tuple[list[float], list[float]]:
+    """Round trips of two systems in turn, the order flipped every pair: each pair
+    shares its moment of a machine whose speed drifts."""
+    times: tuple[list[float], list[float]] = ([], [])
+    calls = (first, second)
+    for index in range(pairs):
+        for which in (0, 1) if index % 2 == 0 else (1, 0):
+            started = time.perf_counter()
+            calls[which]()
+            times[which].append(time.perf_counter() - started)
+    return times
+
+
+def p50_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1000
+
+
+def set_events(on: bool) -> None:
+    """Turn the plain Celery worker's task events on or off, as Flower does."""
+    from benchmarks import compare_celery
+
+    command = "enable_events" if on else "disable_events"
+    if not compare_celery.app.control.broadcast(command, reply=True, timeout=10, limit=1):
+        raise RuntimeError(f"the plain Celery worker did not answer {command}")
+
+
 def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System, System]:
     """plain, events and chunks, over one app with Celery's defaults.
 
@@ -288,15 +324,13 @@ def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System, 
         return Run(jobs=args.lines, elapsed=elapsed)
 
     def events(index: int) -> Run:
-        control = compare_celery.app.control
-        if not control.broadcast("enable_events", reply=True, timeout=10, limit=1):
-            raise RuntimeError("the plain Celery worker did not turn its task events on")
+        set_events(True)
         try:
             for _ in range(5):
                 one()
             return plain(index)
         finally:
-            control.broadcast("disable_events", reply=True, timeout=10, limit=1)
+            set_events(False)
 
     close = compare_celery.app.close
     return (
@@ -423,8 +457,13 @@ def ratio_of(system: str, run: Run, runs: dict[str, list[Run]], index: int) -> f
     return run.rate / runs[base][index].rate
 
 
-def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> bool:
-    """Print the table; return whether every target met in the median of the rounds."""
+#: Paired round trips: (baseline's name, its times, singles' times), in measured order.
+Paired = list[tuple[str, list[float], list[float]]]
+
+
+def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired) -> bool:
+    """Print the table; return whether every target met in the median of the rounds
+    (the p50 target: on the paired round trips, where they were measured)."""
     rows: list[tuple[str, ...]] = []
     verdicts: list[str] = []
     met = True
@@ -460,13 +499,23 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> bool:
                 r.percentile_ms(50) / p.percentile_ms(50)
                 for r, p in zip(done, runs["plain"], strict=True)
             )
-            ok = rate >= THROUGHPUT_TARGET and lat <= LATENCY_TARGET
+            pairs = {name: p50_ms(ours) / p50_ms(base) for name, base, ours in paired}
+            judged = pairs.get("plain", lat)
+            ok = rate >= THROUGHPUT_TARGET and judged <= LATENCY_TARGET
             met &= ok
+            where = "paired" if "plain" in pairs else "rounds"
             verdicts.append(
                 f"singles: {rate:.2f}x plain jobs/s (target >= {THROUGHPUT_TARGET:g}), "
-                f"p50 {lat:.2f}x plain (target <= {LATENCY_TARGET:g}): "
+                f"p50 {judged:.2f}x plain ({where}; target <= {LATENCY_TARGET:g}): "
                 f"{'PASS' if ok else 'MISS'}"
             )
+            for name, base, ours in paired:
+                verdicts.append(
+                    f"  paired round trips, {len(ours):,} each, in turns: singles p50 "
+                    f"{p50_ms(ours):.2f} ms, {name} {p50_ms(base):.2f} ms: "
+                    f"{pairs[name]:.2f}x {name}"
+                )
+            verdicts.append(f"  in the rounds: p50 {lat:.2f}x plain")
             if "events" in runs:  # not a target: plain Celery as Flower users run it
                 rate_e = statistics.median(
                     r.rate / e.rate for r, e in zip(done, runs["events"], strict=True)
@@ -620,9 +669,39 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
                 f"{result.elapsed:7.2f} s  {_rate(result.rate):>7} jobs/s{extra}",
                 flush=True,
             )
-    met = report(runs, args)
+    paired = measure_paired(args, wanted, every)
+    met = report(runs, args, paired)
     print(f"load {os.getloadavg()[0]:.2f} at the end")
     return met
+
+
+def measure_paired(args: argparse.Namespace, wanted: list[str], every: Everything) -> Paired:
+    """Singles against plain Celery (and with its events on), one round trip each in turn."""
+    if args.paired < 1 or not {"plain", "singles"} <= set(wanted):
+        return []
+    plain, singles = every.systems["plain"].one, every.systems["singles"].one
+    workers = [every.workers["celery"], every.workers["cleveragents"]]
+    for worker in workers:
+        worker.resume()
+    try:
+        out: Paired = []
+        for name in ("plain", "events"):
+            if name not in wanted:
+                continue
+            set_events(name == "events")
+            paired_round_trips(plain, singles, min(10, args.warmup))
+            base, ours = paired_round_trips(plain, singles, args.paired)
+            out.append((name, base, ours))
+            print(
+                f"paired: {name:<8} p50 {p50_ms(base):.2f} ms, singles p50 "
+                f"{p50_ms(ours):.2f} ms ({args.paired:,} each, in turns)",
+                flush=True,
+            )
+        return out
+    finally:
+        set_events(False)
+        for worker in workers:
+            worker.pause()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -643,12 +722,22 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, of {','.join(SYSTEMS)} (default: all; dramatiq is "
         "skipped when not installed)",
     )
+    parser.add_argument(
+        "--paired", type=int, help="round trips of plain and singles in turns (600; 0: none)"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     sizes = (
-        {"lines": 2000, "singles": 200, "latency_samples": 30, "slow": 8, "warmup": 3}
+        {"lines": 2000, "singles": 200, "latency_samples": 30, "slow": 8, "warmup": 3, "paired": 20}
         if args.quick
-        else {"lines": 100_000, "singles": 3000, "latency_samples": 300, "slow": 300, "warmup": 30}
+        else {
+            "lines": 100_000,
+            "singles": 3000,
+            "latency_samples": 300,
+            "slow": 300,
+            "warmup": 30,
+            "paired": 600,
+        }
     )
     for name, value in sizes.items():
         if getattr(args, name) is None:

@@ -52,5 +52,6 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
         assert row, f"no row for {label!r} in:\n{out}"
         assert ratio in row[0], row[0]
     for verdict in ("singles: ", "singles against plain Celery with task events on", "batch: ",
-                    "slow batch: "):
+                    "slow batch: ", "paired round trips, 20 each, in turns: singles p50",
+                    "x events", "(paired; target <= 1.15)"):
         assert verdict in out
