@@ -579,6 +579,7 @@ def test_submit_returns_at_once_then_status_and_results_follow_the_batch(
         {"skill": "test/basic", "tool": "test/echo", "arguments": {"text": t}} for t in texts
     ]
     lines.insert(17, {"skill": "test/basic", "tool": "test/crash"})
+    lines.insert(30, {"skill": "test/basic"})  # no tool: refused before sending
     batch = write_jsonl(tmp_path / "bg.jsonl", lines)
 
     # Given no worker yet: submit does not wait for one
@@ -591,7 +592,8 @@ def test_submit_returns_at_once_then_status_and_results_follow_the_batch(
 
     waiting = run_cli("batch", "status", batch_id, "--json", env=env)
     assert waiting.returncode == 1  # not done yet
-    assert json.loads(waiting.stdout)["done"] == 0
+    # but its invalid line is answered already (kept in the batch's ledger)
+    assert json.loads(waiting.stdout)["done"] == 1
 
     # When a worker comes
     start_worker(redis_url)
@@ -605,8 +607,8 @@ def test_submit_returns_at_once_then_status_and_results_follow_the_batch(
     final = status()
     assert final["total"] == final["done"] == len(lines)
     assert final["succeeded"] == len(texts)
-    assert final["failed"] == 1
-    assert final["failed_by_type"] == {"tool_execution_failure": 1}
+    assert final["failed"] == 2
+    assert final["failed_by_type"] == {"tool_execution_failure": 1, "validation_error": 1}
 
     out = tmp_path / "results.jsonl"
     fetched = run_cli("batch", "results", batch_id, "--out", str(out), env=env)
@@ -614,6 +616,7 @@ def test_submit_returns_at_once_then_status_and_results_follow_the_batch(
     results = read_results(out)
     assert len(results) == len(lines)
     assert error_type(results[17]) == "tool_execution_failure"
+    assert error_type(results[30]) == "validation_error"
     assert [p["output_data"]["text"] for p in results if p["success"]] == texts
     assert all(set(p) == RESULT_FIELDS for p in results)
 

@@ -13,11 +13,11 @@ the same rules as ``ACL SETUSER`` lines.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
-import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -231,7 +231,8 @@ def test_producer_submits_waits_and_runs_batches_as_its_own_user(
         )
         assert rerun.result(timeout=60).success
     # A background batch through the console script, with a line that is not a request
-    # (the producer stores its validation_error), its status and its results
+    # (its validation_error kept in the batch's ledger: the producer may not write a result),
+    # its status and its results
     batch = tmp_path / "batch.jsonl"
     batch.write_text(json.dumps(requests[0]) + "\nnot json\n", encoding="utf-8")
     batch_id = _cli(acl_redis, "producer", tmp_path, "batch", "submit", str(batch)).split()[0]
@@ -407,7 +408,12 @@ def test_producer_user_may_take_every_redis_path_of_the_producers_code(
         refused = failed_result(
             "s", "t", SkillErrorType.PERMISSION_DENIED, "no", {"gates": [GATE_REQUEST]}
         )
-        client.results.put_many([(rid, refused)])
+        # Stored by a worker (the producer may not write a result)
+        worker_side = open_stores(
+            Settings.from_env({"CLEVERAGENTS_BROKER_URL": acl_redis.url("worker")}),
+            _app(acl_redis, "worker").backend, worker=True,
+        )
+        worker_side.results.put_many([(rid, refused)])
         assert client.get(rid) is not None
         assert client.state(rid) == "FAILURE"
         # Sent again with writes allowed: the stored refusal is dropped, not reused
@@ -417,6 +423,11 @@ def test_producer_user_may_take_every_redis_path_of_the_producers_code(
         client.ledger.append("acl-batch", [rid, "other"])
         assert list(client.ledger.ids("acl-batch")) == [rid, "other"]
         assert client.ledger.meta("acl-batch") == {"total": 2}
+        # A background batch's invalid line keeps its result in the ledger
+        client.ledger.refuse("acl-batch", [("other", result_payload(refused, "other"))])
+        assert client.ledger.refusals("acl-batch", [rid, "other"]) == [
+            None, result_payload(refused, "other")
+        ]
     assert acl_redis.denials() == []
 
 
@@ -434,6 +445,7 @@ PRODUCER_REFUSED = [
     ("SCAN", "0"),
     ("GET", "cleveragents:claim:write:someone"),
     ("SET", "cleveragents:claim:write:someone", "forged"),
+    ("SET", "celery-task-meta-someone", '{"status": "SUCCESS", "result": "forged"}'),
     ("LRANGE", "skills.read", "0", "-1"),
     ("LINDEX", "skills.write", "0"),
     ("RPOP", "skills.write"),

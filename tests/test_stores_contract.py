@@ -330,6 +330,23 @@ def test_a_long_batch_ledger_reads_back_whole(stores: Stores) -> None:
     assert list(stores.ledger.ids("big")) == ids
 
 
+def test_a_batch_ledger_keeps_the_results_of_lines_refused_before_sending(
+    stores: Stores,
+) -> None:
+    bad = failed_result("", "", SkillErrorType.VALIDATION_ERROR, "not JSON", {"line": 2})
+    stores.ledger.append("r-batch", ["sent", "bad-2", "bad-3"])
+    stores.ledger.refuse("r-batch", [("bad-2", result_payload(bad, "bad-2"))])
+    stores.ledger.refuse("r-batch", [("bad-3", result_payload(bad, "bad-3"))])
+    stores.ledger.refuse("r-batch", [])
+    assert stores.ledger.refusals("r-batch", ["bad-3", "sent", "bad-2"]) == [
+        result_payload(bad, "bad-3"), None, result_payload(bad, "bad-2")
+    ]
+    # Kept in the ledger only: no result is stored, and another batch has none
+    assert stores.results.get_payloads(["bad-2"]) == [None]
+    assert stores.ledger.refusals("other-batch", ["bad-2"]) == [None]
+    assert stores.ledger.refusals("r-batch", []) == []
+
+
 # --- metric store ------------------------------------------------------------------
 
 

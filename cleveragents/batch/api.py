@@ -176,6 +176,8 @@ class _Submission:
         self._store_invalid()
 
     def _record_ids(self) -> None:
+        # Refusals first: a reader that finds an id in the ledger finds its refusal too.
+        self._store_invalid()
         self.client.ledger.append(self.batch_id, self.ids)
         self.ids = []
 
@@ -186,7 +188,9 @@ class _Submission:
             self.chunks[writes], self.positions[writes] = [], []
 
     def _store_invalid(self) -> None:
-        self.client.results.put_payloads(self.invalid)
+        # Kept in the batch's ledger, not stored as results: a producer's Redis user
+        # may not write results (it could forge any invocation's).
+        self.client.ledger.refuse(self.batch_id, self.invalid)
         self.invalid = []
 
 
@@ -251,14 +255,28 @@ def batch_status(client: BatchProducer, batch_id: str) -> BatchStatus | None:
     for rid in client.ledger.ids(batch_id):
         page.append(rid)
         if len(page) >= 2000:
-            for payload in client.results.get_payloads(page):
-                if payload is not None:
-                    _count(status, payload)
+            _count_page(status, client, batch_id, page)
             page = []
-    for payload in client.results.get_payloads(page):
+    _count_page(status, client, batch_id, page)
+    return status
+
+
+def _count_page(
+    status: BatchStatus, client: BatchProducer, batch_id: str, page: Sequence[str]
+) -> None:
+    payloads = client.results.get_payloads(page)
+    unsent = [i for i, payload in enumerate(payloads) if payload is None]
+    for i, kept in zip(unsent, _refusals(client, batch_id, [page[i] for i in unsent]), strict=True):
+        payloads[i] = kept
+    for payload in payloads:
         if payload is not None:
             _count(status, payload)
-    return status
+
+
+def _refusals(client: BatchProducer, batch_id: str, ids: Sequence[str]) -> list[Any]:
+    """The ledger's kept results of ``ids`` (an older producer stored them as results,
+    which the result store still answers)."""
+    return client.ledger.refusals(batch_id, ids) if ids else []
 
 
 def batch_results(client: BatchProducer, batch_id: str, *, poll_s: float = 0.05) -> Iterator[Entry]:
@@ -267,12 +285,17 @@ def batch_results(client: BatchProducer, batch_id: str, *, poll_s: float = 0.05)
     ids = client.ledger.ids(batch_id)
     exhausted = False
     while True:
-        while not exhausted and len(gather) < 20_000:
+        page: list[str] = []
+        while not exhausted and len(gather) + len(page) < 20_000:
             rid = next(ids, None)
             if rid is None:
                 exhausted = True
                 break
-            gather.add(Entry(0, rid))
+            page.append(rid)
+        # A line answered without being sent has its result in the ledger, kept before
+        # its id was recorded: looked up once, as its id joins the window.
+        for rid, kept in zip(page, _refusals(client, batch_id, page), strict=True):
+            gather.add(Entry(0, rid, payload=kept))
         ready = gather.poll()
         yield from ready
         if exhausted and not gather.pending:

@@ -268,6 +268,15 @@ class BatchLedger(Protocol):
         """The batch's request ids, in input order."""
         ...
 
+    def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Keep the results of lines answered without being sent (not a valid request, or
+        an id bound to another request), by request id: a producer stores no result."""
+        ...
+
+    def refusals(self, batch_id: str, request_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The kept result of each id (None where its line was sent), in order."""
+        ...
+
 
 class MetricStore(Protocol):
     """Where worker processes add their invocation counters, and the exporter reads them."""

@@ -193,6 +193,32 @@ class FileBatchLedger:
             with path.open(encoding="utf-8") as handle:
                 yield from (line.rstrip("\n") for line in handle if line.strip())
 
+    def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Keep the results of lines answered without being sent: a JSON line each."""
+        if not payloads:
+            return
+        folder = self.folder / batch_id
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps([rid, payload]) + "\n" for rid, payload in payloads)
+        with (folder / "refused").open("a", encoding="utf-8") as handle:
+            handle.write(lines)
+
+    def refusals(self, batch_id: str, request_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The kept result of each id, None where its line was sent."""
+        path = self.folder / batch_id / "refused"
+        wanted = set(request_ids)
+        kept: dict[str, dict[str, Any]] = {}
+        if wanted and path.exists():
+            with path.open(encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        rid, payload = json.loads(line)
+                    except ValueError:  # a line being written: not there yet
+                        continue
+                    if rid in wanted:
+                        kept[rid] = payload
+        return [kept.get(rid) for rid in request_ids]
+
 
 class NullMetricStore:
     """The embedded default's metric store: counts are dropped (nothing would export them)."""

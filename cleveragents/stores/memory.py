@@ -116,6 +116,7 @@ class MemoryBatchLedger:
         self._lock = threading.Lock()
         self._metas: dict[str, str] = {}
         self._ids: dict[str, list[str]] = {}
+        self._refused: dict[str, dict[str, str]] = {}
 
     def set_meta(self, batch_id: str, meta: dict[str, Any]) -> None:
         """Record (or replace) what the batch is: its file, counts, times."""
@@ -138,6 +139,19 @@ class MemoryBatchLedger:
         with self._lock:
             ids = list(self._ids.get(batch_id, ()))
         yield from ids
+
+    def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Keep the results of lines answered without being sent."""
+        with self._lock:
+            kept = self._refused.setdefault(batch_id, {})
+            kept.update((rid, json.dumps(payload)) for rid, payload in payloads)
+
+    def refusals(self, batch_id: str, request_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The kept result of each id, None where its line was sent."""
+        with self._lock:
+            kept = self._refused.get(batch_id, {})
+            raw = [kept.get(rid) for rid in request_ids]
+        return [None if text is None else json.loads(text) for text in raw]
 
 
 class MemoryMetricStore:

@@ -337,6 +337,30 @@ class RedisBatchLedger:
             yield from (_text(value) for value in page)
             start += len(page)
 
+    def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Keep the results of lines answered without being sent: a hash beside the ids."""
+        if not payloads:
+            return
+        key = f"{BATCH_KEY_PREFIX}{batch_id}:refused"
+        mapping = {rid: json.dumps(payload) for rid, payload in payloads}
+
+        def keep() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=mapping)
+                if self.expires_s:
+                    pipe.expire(key, self.expires_s)
+                pipe.execute()
+
+        retrying(keep)  # sent again after a lost reply: the same fields, set again
+
+    def refusals(self, batch_id: str, request_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The kept result of each id (one ``HMGET``), None where its line was sent."""
+        if not request_ids:
+            return []
+        key = f"{BATCH_KEY_PREFIX}{batch_id}:refused"
+        raw = retrying(lambda: self.client.hmget(key, list(request_ids)))
+        return [None if value is None else json.loads(value) for value in raw]
+
 
 class RedisMetricStore:
     """Counters in two Redis hashes, which ``cleveragents metrics`` exports."""
