@@ -8,6 +8,8 @@ fails once kombu or Celery changes it, which is the moment to re-check the patch
 from __future__ import annotations
 
 import logging
+import random
+import string
 from collections.abc import Iterator
 from importlib.metadata import version
 from typing import Any
@@ -17,10 +19,11 @@ import pytest
 import redis
 from celery import Celery
 from celery.app import trace
+from celery.utils.saferepr import saferepr
 from kombu.transport import redis as kombu_redis
 
 from worker import patches
-from worker.patches import Patch, PatchRefused, kombu_connparams, success_log
+from worker.patches import Patch, PatchRefused, kombu_connparams, result_repr, success_log
 
 #: kombu's Redis channel class, untyped: the patch is of its private ``_connparams``.
 CHANNEL: Any = kombu_redis.Channel
@@ -32,6 +35,7 @@ def restore_patched() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CHANNEL, "_connparams", CHANNEL._connparams)
         mp.setattr(trace, "LOG_SUCCESS", trace.LOG_SUCCESS)
+        mp.setattr(trace, "saferepr", trace.saferepr)  # type: ignore[attr-defined]
         yield
 
 
@@ -105,6 +109,71 @@ def _success_line(caplog: pytest.LogCaptureFixture, value: str) -> str:
         traced = trace.build_tracer("t.echo", echo, app=app)("id-1", [], {}, {})
     [record] = [r for r in caplog.records if r.name == "celery.app.trace"]
     return record.getMessage().replace(str(traced.runtime), "RUNTIME")
+
+
+PAYLOAD = {
+    "skill_name": "local/common", "tool_name": "local/noop", "success": True,
+    "output_data": {"ok": True, "words": [1, 2.5, None]}, "error": None,
+    "duration_ms": 0.06363900047290372, "resource_changes": [],
+    "request_id": "b1f8c1c2-6a7e-4c3e-9a55-1b2d3e4f5a6b",
+}
+
+
+def _traced_text(value: Any) -> str:
+    """The text Celery's tracer makes of a task's return value (its task-succeeded event's)."""
+    app = Celery("patch-test", set_as_current=False)
+
+    @app.task(name="t.give", ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def give() -> Any:
+        return value
+
+    return str(trace.build_tracer("t.give", give, app=app)("id-1", [], {}, {}).retstr)
+
+
+def test_upstream_celery_still_writes_a_return_value_with_the_saferepr_of_its_module(
+    restore_patched: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not result_repr.installed()
+    seen: list[Any] = []
+    def recording(value: Any, maxlen: int) -> str:
+        seen.append((value, maxlen))
+        return "X"
+
+    monkeypatch.setattr(trace, "saferepr", recording)
+    assert _traced_text(PAYLOAD) == "X"
+    assert seen == [(PAYLOAD, 1024)]  # resultrepr_maxsize's default
+
+
+def test_the_result_repr_patch_writes_the_same_text_as_saferepr(restore_patched: None) -> None:
+    before = _traced_text(PAYLOAD)
+    result_repr.install()
+    assert result_repr.installed()
+    assert _traced_text(PAYLOAD) == before == saferepr(PAYLOAD, 1024)
+    # Whatever the value: plain or escaped strings, big numbers, deep or long containers
+    rnd = random.Random(15)
+
+    def value(depth: int = 0) -> Any:
+        kind = rnd.randrange(9 if depth < 4 else 6)
+        if kind == 0:
+            return "".join(rnd.choice(string.printable) for _ in range(rnd.randrange(12)))
+        if kind == 1:
+            return rnd.randrange(-(10 ** rnd.randrange(1, 25)), 10 ** rnd.randrange(1, 25))
+        if kind == 2:
+            return rnd.random() * 10 ** rnd.randrange(-5, 20)
+        if kind == 3:
+            return rnd.choice([None, True, False])
+        if kind == 4:
+            return "".join(rnd.choice("abc xyz-/:.") for _ in range(rnd.randrange(30)))
+        if kind == 5:
+            return (float(rnd.randrange(100)), b"bytes", ("a", 1))[rnd.randrange(3)]
+        if kind in (6, 7):
+            return {"".join(rnd.choice("ab_'") for _ in range(4)): value(depth + 1)
+                    for _ in range(rnd.randrange(5))}
+        return [value(depth + 1) for _ in range(rnd.randrange(5))]
+
+    for _ in range(5000):
+        one, maxlen = value(), rnd.choice([10, 40, 200, 1024])
+        assert result_repr.quick_saferepr(one, maxlen) == saferepr(one, maxlen), (one, maxlen)
 
 
 def test_the_installed_kombu_and_celery_are_the_series_the_patches_were_written_for() -> None:

@@ -50,9 +50,9 @@ def written_for(patch: Patch, installed: str) -> bool:
 
 def all_patches() -> tuple[Patch, ...]:
     """Every patch the worker applies, in order."""
-    from worker.patches import kombu_connparams, success_log
+    from worker.patches import kombu_connparams, result_repr, success_log
 
-    return (kombu_connparams.PATCH, success_log.PATCH)
+    return (kombu_connparams.PATCH, success_log.PATCH, result_repr.PATCH)
 
 
 def apply_all(patches: tuple[Patch, ...] | None = None) -> list[tuple[int, str]]:
