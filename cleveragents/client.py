@@ -42,12 +42,14 @@ from cleveragents.settings import Settings
 from cleveragents.signing import register_signing
 from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
+from cleveragents.stores.results import refused_for_writes
 from cleveragents.wire import (
     ChunkContext,
     chunk_repr,
     redacted_repr,
     request_payload,
     result_from_stored,
+    result_payload,
 )
 
 __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
@@ -85,16 +87,29 @@ class InvocationHandle:
     pending: Any = field(default=None, repr=False, compare=False)
     #: The answer given without sending: the request id was bound to other content.
     refused: SkillResult | None = field(default=None, compare=False)
+    #: Sent with writes allowed: an earlier run's refusal for want of writes, still
+    #: stored under the id until the worker replaces it, is not its answer.
+    writes: bool = field(default=False, compare=False)
 
     def result(self, timeout: float | None = None) -> SkillResult:
         """Wait for the result (``TimeoutError`` after ``timeout`` seconds)."""
         if self.refused is not None:
             return self.refused
-        return self.client.wait(self.request_id, timeout=timeout, pending=self.pending)
+        return self.client.wait(
+            self.request_id, timeout=timeout, pending=self.pending, writes=self.writes
+        )
 
     def ready(self) -> bool:
         """True once the result is stored."""
-        return self.refused is not None or self.client.get(self.request_id) is not None
+        if self.refused is not None:
+            return True
+        found = self.client.get(self.request_id)
+        return found is not None and not (self.writes and _refused_for_writes(found))
+
+
+def _refused_for_writes(result: SkillResult) -> bool:
+    """Whether ``result`` is a refusal for want of writes (``stores.results``)."""
+    return result.error is not None and refused_for_writes(result_payload(result, ""))
 
 
 class SkillClient:
@@ -212,7 +227,7 @@ class SkillClient:
             pending = self.send(request, skip_if_done=chosen)
         except RequestIdReused as refused:
             return InvocationHandle(request.request_id, self, refused=refused.result)
-        return InvocationHandle(request.request_id, self, pending)
+        return InvocationHandle(request.request_id, self, pending, writes=request.allow_writes)
 
     def bound_elsewhere(self, requests: Sequence[SkillInvocationRequest]) -> list[bool]:
         """Bind each request's id to its content; True where the id was bound to other content.
@@ -240,9 +255,7 @@ class SkillClient:
         if skip_if_done:
             if self.bound_elsewhere([request]) == [True]:
                 raise RequestIdReused(reused_result(request_payload(request)))
-            [stored] = self.results.reusable(
-                [request.request_id], [request.allow_writes], forget_stale=True
-            )
+            [stored] = self.results.reusable([request.request_id], [request.allow_writes])
             if stored is not None:
                 return None
         self._forget_late_messages(request.request_id)
@@ -460,9 +473,17 @@ class SkillClient:
             time.sleep(0.1)
 
     def wait(
-        self, request_id: str, timeout: float | None = None, *, pending: Any = None
+        self,
+        request_id: str,
+        timeout: float | None = None,
+        *,
+        pending: Any = None,
+        writes: bool = False,
     ) -> SkillResult:
         """Wait for the result of ``request_id`` (``pending``: the AsyncResult from sending).
+
+        With ``writes`` (the request was sent with writes allowed) a stored refusal for
+        want of writes is an earlier run's: it is read past until the re-run replaces it.
 
         Raises:
             TimeoutError: no result within ``timeout`` seconds.
@@ -470,9 +491,13 @@ class SkillClient:
                 its queue: said within a few seconds instead of at the time-out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def answers(result: SkillResult) -> bool:
+            return not (writes and _refused_for_writes(result))
+
         if self.settings.embedded:
             early = self._served_or_stored(request_id, deadline)
-            if early is not None:
+            if early is not None and answers(early):
                 return early
         handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
         interval = POLL_INTERVAL_S
@@ -489,12 +514,18 @@ class SkillClient:
                 )
             except CeleryTimeoutError:
                 found = self.get(request_id)
-                if found is not None:
+                if found is not None and answers(found):
                     return found
             except ValueError:
                 # A file store read mid-write: read again after a pause, never at once.
                 time.sleep(min(interval, remaining or interval))
             else:
-                return result_from_stored(value, request_id)
+                result = result_from_stored(value, request_id)
+                if answers(result):
+                    return result
+                # An earlier run's refusal, until the worker replaces it: Celery keeps a
+                # finished state, so a new handle, after a pause
+                handle = AsyncResult(request_id, app=self.app)
+                time.sleep(min(interval, remaining or interval))
             # A store without notifications is polled: the longer the wait, the calmer.
             interval = min(interval * 2, MAX_POLL_INTERVAL_S)

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from cleveragents.batch.gather import FIRST_READ, READ_BATCH, Entry, OrderedGather
+from cleveragents.error_types import SkillErrorType
+from cleveragents.outcomes import failed_result
+from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.skills import SkillResult
 from cleveragents.stores.memory import MemoryResultStore
 
@@ -50,3 +53,22 @@ def test_bulk_reads_ask_for_about_what_is_ready_and_release_in_order() -> None:
     assert released == ids[10:]
     assert store.reads[2:5] == [FIRST_READ, 2 * FIRST_READ, 4 * FIRST_READ]
     assert max(store.reads) == READ_BATCH
+
+
+def test_a_line_sent_with_writes_reads_past_an_earlier_runs_refusal_for_want_of_them() -> None:
+    store = MemoryResultStore()
+    refusal = failed_result(
+        "s/k", "t/w", SkillErrorType.PERMISSION_DENIED, "writes not allowed",
+        {"gates": [GATE_REQUEST]},
+    )
+    store.put_many([("w-1", refusal), ("r-1", refusal)])
+    gather = OrderedGather(store)
+    gather.add(Entry(1, "r-1"))  # sent without writes: the refusal is its answer
+    gather.add(Entry(2, "w-1", writes=True))  # sent again with writes: it is not
+    assert [e.request_id for e in gather.poll()] == ["r-1"]
+    assert gather.poll() == []
+    # Once its worker replaces it with the re-run's result, that is the answer
+    _done(store, ["w-1"])
+    [entry] = gather.poll()
+    assert entry.payload is not None
+    assert entry.payload["success"]

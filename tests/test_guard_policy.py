@@ -502,7 +502,8 @@ def test_a_chunk_stops_at_its_slice_when_an_interactive_invocation_waits(
     # Then it stopped at the first invocation past its slice (about sixteen ran), not
     # at its group's end, asking once; the rest went back
     assert report["ran"] <= 20
-    assert requeued == [bodies[report["ran"] :]]
+    # (in one message, or a few where this machine ran the slice slowly: ``pieces``)
+    assert [body for piece in requeued for body in piece] == bodies[report["ran"] :]
     assert len(asked) == 1
 
 

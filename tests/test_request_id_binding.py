@@ -21,7 +21,9 @@ from cleveragents.binding import REASON_REUSED, content_digest
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_BATCH, QUEUE_READ, TASK_INVOKE, TASK_INVOKE_CHUNK
 from cleveragents.guard import Guard
+from cleveragents.outcomes import failed_result
 from cleveragents.pipeline import Pipeline, execute_chunk
+from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.skills import Catalogue, SkillErrorType, SkillResult
 from cleveragents.stores import MemoryGuardStore, MemoryResultStore
 from tests.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, Worker, wait_until
@@ -231,6 +233,32 @@ def test_a_refused_write_sent_again_with_writes_is_answered_by_its_rerun_not_a_l
         body["skill"], body["tool"], body["arguments"], request_id=rid, allow_writes=True
     )
     # Then the answer is the re-run's, not the old refusal
+    result = rerun.result(timeout=60)
+    assert result.success, result.error
+    assert target.exists()
+
+
+def test_a_write_sent_again_with_writes_waits_past_the_stored_refusal_until_its_rerun(
+    redis_url: str, start_worker: StartWorker, client: SkillClient, tmp_path: Path
+) -> None:
+    target = tmp_path / "late.txt"
+    rid = f"late-{uuid.uuid4()}"
+    body = _write(rid, target, allow_writes=False)
+    # Given a refusal for want of writes stored under the id (no worker runs yet)
+    refusal = failed_result(body["skill"], body["tool"], SkillErrorType.PERMISSION_DENIED,
+                            "writes not allowed", {"gates": [GATE_REQUEST]})
+    client.results.put_many([(rid, refusal)])
+    client.bound_elsewhere([client.build_request(body["skill"], body["tool"],
+                                                 body["arguments"], request_id=rid)])
+    # When it is sent again with writes allowed, the refusal is not its answer
+    rerun = client.submit(
+        body["skill"], body["tool"], body["arguments"], request_id=rid, allow_writes=True
+    )
+    with pytest.raises(TimeoutError):
+        rerun.result(timeout=1.5)
+    assert not rerun.ready()
+    # Then the worker runs it, replaces the refusal, and that is the answer
+    start_worker(redis_url)
     result = rerun.result(timeout=60)
     assert result.success, result.error
     assert target.exists()

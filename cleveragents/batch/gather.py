@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleveragents.stores import ResultStore
+from cleveragents.stores.results import refused_for_writes
 
 __all__ = ["Entry", "OrderedGather"]
 
@@ -26,6 +27,9 @@ class Entry:
     skill: str = ""
     tool: str = ""
     payload: dict[str, Any] | None = field(default=None)
+    #: Sent with writes allowed: a stored refusal for want of writes is an earlier run's,
+    #: read past until the worker replaces it.
+    writes: bool = False
 
 
 class OrderedGather:
@@ -58,6 +62,8 @@ class OrderedGather:
             payloads = self.store.get_payloads([e.request_id for e in missing])
             found = 0
             for entry, payload in zip(missing, payloads, strict=True):
+                if entry.writes and payload is not None and refused_for_writes(payload):
+                    payload = None
                 entry.payload = payload
                 found += payload is not None
             wanted = 2 * len(missing) if found == len(missing) else 2 * found

@@ -125,7 +125,7 @@ class BatchRunner:
         if self.reuse and buffer:
             ids = [entry.request_id for entry, _ in buffer]
             writes_allowed = [request.allow_writes for _, request in buffer]
-            payloads = self.store.reusable(ids, writes_allowed, forget_stale=True)
+            payloads = self.store.reusable(ids, writes_allowed)
             for (entry, _), payload in zip(buffer, payloads, strict=True):
                 entry.payload = payload
         todo = [
@@ -154,7 +154,7 @@ class BatchRunner:
             if item.request is None:
                 entry.payload = invalid_payload(item)
                 continue
-            writes = item.request.allow_writes
+            writes = entry.writes = item.request.allow_writes
             self.buffers[writes].append((entry, item.request))
             self.positions[writes].append(self.count)
             self.buffer_bytes[writes] += _size(item.request)

@@ -227,13 +227,10 @@ class ResultStore(Protocol):
         ...
 
     def reusable(
-        self,
-        request_ids: Sequence[str],
-        allow_writes: Sequence[bool],
-        *,
-        forget_stale: bool = False,
+        self, request_ids: Sequence[str], allow_writes: Sequence[bool]
     ) -> list[dict[str, Any] | None]:
-        """The stored payload of each id where it answers that request, else None."""
+        """The stored payload of each id where it answers that request, else None (a
+        refusal for want of writes does not answer the request sent with writes)."""
         ...
 
     def forget(self, request_ids: Sequence[str]) -> None:

@@ -58,7 +58,12 @@ def payload_of(meta: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def refused_for_writes(payload: dict[str, Any]) -> bool:
-    """True when the result is a refusal by the request's own write gate, and only that."""
+    """True when the result is a refusal by the request's own write gate, and only that.
+
+    Such a result never answers the same request sent with writes allowed: it is
+    the run where the user forgot ``--allow-writes``, and a reader waiting for the
+    re-run reads past it until the worker replaces it (a producer deletes nothing).
+    """
     error = payload.get("error")
     if not isinstance(error, dict) or error.get("error_type") != "permission_denied":
         return False
@@ -98,30 +103,19 @@ class KeyValueResults(ABC):
         return [_decode(raw) for raw in self._read(request_ids)]
 
     def reusable(
-        self,
-        request_ids: Sequence[str],
-        allow_writes: Sequence[bool],
-        *,
-        forget_stale: bool = False,
+        self, request_ids: Sequence[str], allow_writes: Sequence[bool]
     ) -> list[dict[str, Any] | None]:
         """The stored payload of each id where it answers that request, else None.
 
         A result refused only because the request did not allow writes does not
         answer the same request sent again with writes allowed (the run where the
-        user forgot ``--allow-writes``): it runs again. With ``forget_stale`` such a
-        result is deleted, so that nobody reads it while the new run is on its way.
+        user forgot ``--allow-writes``): it runs again, and its worker replaces it.
         """
         payloads = self.get_payloads(request_ids)
-        out: list[dict[str, Any] | None] = []
-        stale: list[str] = []
-        for rid, payload, writes in zip(request_ids, payloads, allow_writes, strict=True):
-            if payload is not None and writes and refused_for_writes(payload):
-                stale.append(rid)
-                payload = None
-            out.append(payload)
-        if forget_stale and stale:
-            self.forget(stale)
-        return out
+        return [
+            None if payload is not None and writes and refused_for_writes(payload) else payload
+            for payload, writes in zip(payloads, allow_writes, strict=True)
+        ]
 
     def forget(self, request_ids: Sequence[str]) -> None:
         """Delete the stored results of ``request_ids``."""
