@@ -104,12 +104,17 @@ class InvocationHandle:
         if self.refused is not None:
             return True
         found = self.client.get(self.request_id)
-        return found is not None and not (self.writes and _refused_for_writes(found))
+        return found is not None and _answers(found, self.writes)
 
 
 def _refused_for_writes(result: SkillResult) -> bool:
     """Whether ``result`` is a refusal for want of writes (``stores.results``)."""
     return result.error is not None and refused_for_writes(result_payload(result, ""))
+
+
+def _answers(result: SkillResult, writes: bool) -> bool:
+    """Whether ``result`` answers a request sent with (or without) writes allowed."""
+    return not (writes and _refused_for_writes(result))
 
 
 class SkillClient:
@@ -491,13 +496,9 @@ class SkillClient:
                 its queue: said within a few seconds instead of at the time-out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-
-        def answers(result: SkillResult) -> bool:
-            return not (writes and _refused_for_writes(result))
-
         if self.settings.embedded:
             early = self._served_or_stored(request_id, deadline)
-            if early is not None and answers(early):
+            if early is not None and _answers(early, writes):
                 return early
         handle: AsyncResult = pending or AsyncResult(request_id, app=self.app)  # type: ignore[type-arg]
         interval = POLL_INTERVAL_S
@@ -508,24 +509,32 @@ class SkillClient:
             # Wait for Celery's notification, and re-read the store every few seconds:
             # the batch path stores results in bulk, without one.
             step = RECHECK_S if remaining is None else min(RECHECK_S, remaining)
-            try:
-                value = handle.get(
-                    timeout=step, propagate=False, interval=interval, disable_sync_subtasks=False
-                )
-            except CeleryTimeoutError:
-                found = self.get(request_id)
-                if found is not None and answers(found):
-                    return found
-            except ValueError:
-                # A file store read mid-write: read again after a pause, never at once.
-                time.sleep(min(interval, remaining or interval))
-            else:
-                result = result_from_stored(value, request_id)
-                if answers(result):
-                    return result
-                # An earlier run's refusal, until the worker replaces it: Celery keeps a
-                # finished state, so a new handle, after a pause
-                handle = AsyncResult(request_id, app=self.app)
-                time.sleep(min(interval, remaining or interval))
+            found, handle = self._wait_step(handle, request_id, step, interval, writes)
+            if found is not None:
+                return found
             # A store without notifications is polled: the longer the wait, the calmer.
             interval = min(interval * 2, MAX_POLL_INTERVAL_S)
+
+    def _wait_step(
+        self, handle: Any, request_id: str, step: float, interval: float, writes: bool
+    ) -> tuple[SkillResult | None, Any]:
+        """Wait at most ``step`` seconds: the answer if there is one, and the handle to
+        wait on next."""
+        try:
+            value = handle.get(
+                timeout=step, propagate=False, interval=interval, disable_sync_subtasks=False
+            )
+        except CeleryTimeoutError:
+            found = self.get(request_id)
+            return (found if found is not None and _answers(found, writes) else None), handle
+        except ValueError:
+            # A file store read mid-write: read again after a pause, never at once.
+            time.sleep(min(interval, step))
+            return None, handle
+        result = result_from_stored(value, request_id)
+        if _answers(result, writes):
+            return result, handle
+        # An earlier run's refusal, until the worker replaces it: Celery keeps a finished
+        # state, so a new handle, after a pause
+        time.sleep(min(interval, step))
+        return None, AsyncResult(request_id, app=self.app)
