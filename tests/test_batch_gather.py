@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
+from cleveragents.batch.api import batch_results, batch_status
 from cleveragents.batch.gather import FIRST_READ, READ_BATCH, Entry, OrderedGather
 from cleveragents.error_types import SkillErrorType
 from cleveragents.outcomes import failed_result
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.skills import SkillResult
-from cleveragents.stores.memory import MemoryResultStore
+from cleveragents.stores.memory import MemoryBatchLedger, MemoryResultStore
+from cleveragents.wire import result_payload
 
 
 class CountingStore(MemoryResultStore):
@@ -72,3 +75,30 @@ def test_a_line_sent_with_writes_reads_past_an_earlier_runs_refusal_for_want_of_
     [entry] = gather.poll()
     assert entry.payload is not None
     assert entry.payload["success"]
+
+
+def test_a_batch_ledgers_kept_result_never_stands_for_a_stored_one_nor_for_a_success() -> None:
+    # The ledger is the producers' own: what a hostile one writes there may only ever
+    # read as a refusal of a line no worker answered
+    results_store, ledger = MemoryResultStore(), MemoryBatchLedger()
+    producer = SimpleNamespace(results=results_store, ledger=ledger)
+    refusal = failed_result("s/k", "t/l", SkillErrorType.VALIDATION_ERROR, "not a request", {})
+    forged = SkillResult(skill_name="s/k", tool_name="t/l", success=True,
+                         output_data={"forged": True}, duration_ms=1.0)
+    ledger.set_meta("b", {"batch_id": "b", "source": "", "total": 3})
+    ledger.append("b", ["bad", "ran", "forged-success"])
+    ledger.refuse("b", [
+        ("bad", result_payload(refusal, "bad")),
+        ("ran", result_payload(refusal, "ran")),
+        ("forged-success", result_payload(forged, "forged-success")),
+    ])
+    _done(results_store, ["ran", "forged-success"])
+    results = {e.request_id: e.payload for e in batch_results(producer, "b")}
+    assert results["bad"] == result_payload(refusal, "bad")
+    assert results["ran"] is not None
+    assert results["ran"]["success"]
+    assert results["forged-success"] is not None
+    assert "forged" not in (results["forged-success"]["output_data"] or {})
+    status = batch_status(producer, "b")
+    assert status is not None
+    assert (status.done, status.succeeded, status.failed) == (3, 2, 1)

@@ -274,9 +274,22 @@ def _count_page(
 
 
 def _refusals(client: BatchProducer, batch_id: str, ids: Sequence[str]) -> list[Any]:
-    """The ledger's kept results of ``ids`` (an older producer stored them as results,
-    which the result store still answers)."""
-    return client.ledger.refusals(batch_id, ids) if ids else []
+    """The ledger's kept results of ``ids`` that no stored result overrides.
+
+    The ledger is the producers' own: a kept result counts only as a failure (a
+    refusal never succeeds), and only where the result store holds nothing for its
+    id, so that a ledger entry can never stand for a result a worker stored. (An
+    older producer stored its refusals as results, which the store still answers.)
+    """
+    kept = client.ledger.refusals(batch_id, ids) if ids else []
+    failures = [k if isinstance(k, dict) and k.get("success") is False else None for k in kept]
+    found = [i for i, k in enumerate(failures) if k is not None]
+    if found:
+        stored = client.results.get_payloads([ids[i] for i in found])
+        for i, payload in zip(found, stored, strict=True):
+            if payload is not None:
+                failures[i] = None
+    return failures
 
 
 def batch_results(client: BatchProducer, batch_id: str, *, poll_s: float = 0.05) -> Iterator[Entry]:
@@ -293,7 +306,8 @@ def batch_results(client: BatchProducer, batch_id: str, *, poll_s: float = 0.05)
                 break
             page.append(rid)
         # A line answered without being sent has its result in the ledger, kept before
-        # its id was recorded: looked up once, as its id joins the window.
+        # its id was recorded: looked up once, as its id joins the window (a stored
+        # result for its id, whoever sent it, is read instead, as for any other).
         for rid, kept in zip(page, _refusals(client, batch_id, page), strict=True):
             gather.add(Entry(0, rid, payload=kept))
         ready = gather.poll()
