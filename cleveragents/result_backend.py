@@ -27,6 +27,8 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
+from cleveragents.stores.state_lua import STORE_STATE_LUA
+
 __all__ = ["BACKEND_CLASS", "STORE_LUA", "RedisBackend", "worker_result_backend"]
 
 #: This backend's class path, as Celery's ``result_backend`` names it before a URL.
@@ -34,19 +36,9 @@ BACKEND_CLASS = "cleveragents.result_backend:RedisBackend"
 
 #: KEYS[1]: the task's key. ARGV: the encoded state, its time to live in seconds (0:
 #: none), 1 to publish it. Returns 0 when a stored SUCCESS was kept, else 1.
-STORE_LUA = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, meta = pcall(cjson.decode, current)
-  if ok and type(meta) == 'table' and meta.status == 'SUCCESS' then
-    return 0
-  end
-end
-local ttl = tonumber(ARGV[2])
-if ttl and ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[1])
+STORE_LUA = STORE_STATE_LUA + """
+if not store_state(KEYS[1], ARGV[1], ARGV[2], false) then
+  return 0
 end
 if ARGV[3] == '1' then
   redis.call('PUBLISH', KEYS[1], ARGV[1])

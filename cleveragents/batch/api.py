@@ -266,11 +266,18 @@ def _count_page(
 ) -> None:
     payloads = client.results.get_payloads(page)
     unsent = [i for i, payload in enumerate(payloads) if payload is None]
-    for i, kept in zip(unsent, _refusals(client, batch_id, [page[i] for i in unsent]), strict=True):
-        payloads[i] = kept
+    kept = _kept_failures(client, batch_id, [page[i] for i in unsent])
+    for i, failure in zip(unsent, kept, strict=True):
+        payloads[i] = failure
     for payload in payloads:
         if payload is not None:
             _count(status, payload)
+
+
+def _kept_failures(client: BatchProducer, batch_id: str, ids: Sequence[str]) -> list[Any]:
+    """The ledger's kept results of ``ids`` that are failures (a refusal never succeeds)."""
+    kept = client.ledger.refusals(batch_id, ids) if ids else []
+    return [k if isinstance(k, dict) and k.get("success") is False else None for k in kept]
 
 
 def _refusals(client: BatchProducer, batch_id: str, ids: Sequence[str]) -> list[Any]:
@@ -281,8 +288,7 @@ def _refusals(client: BatchProducer, batch_id: str, ids: Sequence[str]) -> list[
     id, so that a ledger entry can never stand for a result a worker stored. (An
     older producer stored its refusals as results, which the store still answers.)
     """
-    kept = client.ledger.refusals(batch_id, ids) if ids else []
-    failures = [k if isinstance(k, dict) and k.get("success") is False else None for k in kept]
+    failures = _kept_failures(client, batch_id, ids)
     found = [i for i, k in enumerate(failures) if k is not None]
     if found:
         stored = client.results.get_payloads([ids[i] for i in found])

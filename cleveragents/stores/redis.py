@@ -32,6 +32,7 @@ from cleveragents.retry import retrying
 from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.resp import Arg, Script, pipelined
 from cleveragents.stores.results import KeyValueResults
+from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = ["RedisBatchLedger", "RedisGuardStore", "RedisMetricStore", "RedisResultStore"]
 
@@ -73,27 +74,15 @@ return #KEYS
 #: SUCCESS is stored: that is never overwritten), or bound to this digest with no
 #: finished state stored. Returns what the bind key held before (nil: it was free),
 #: and 1 where STARTED was stored, else 0.
-_BIND_STARTING_LUA = """
+_BIND_STARTING_LUA = STORE_STATE_LUA + """
 local before = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'EX', ARGV[2])
 if before and before ~= ARGV[1] then
   return {before, 0}
 end
-local current = redis.call('GET', KEYS[2])
-if current then
-  local ok, meta = pcall(cjson.decode, current)
-  if ok and type(meta) == 'table' then
-    if meta.status == 'SUCCESS' or (before and meta.status == 'FAILURE') then
-      return {before, 0}
-    end
-  end
+if store_state(KEYS[2], ARGV[3], ARGV[4], before) then
+  return {before, 1}
 end
-local ttl = tonumber(ARGV[4])
-if ttl and ttl > 0 then
-  redis.call('SET', KEYS[2], ARGV[3], 'EX', ttl)
-else
-  redis.call('SET', KEYS[2], ARGV[3])
-end
-return {before, 1}
+return {before, 0}
 """
 
 
