@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
         [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
-        [--systems plain,events,chunks,dramatiq,singles,batch,slow] [--paired 600]
+        [--systems plain,events,chunks,stored,dramatiq,singles,batch,slow] [--paired 600]
         [--check]
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
@@ -21,6 +21,12 @@ events    the same worker with its task events on (``enable_events`` by remote  
           cleveragents keeps its events on for Flower
 chunks    the same worker: ``noop.chunks(zip(range(lines)), 100).apply_async()`` -
           then ``.get()`` (one result per chunk of 100, no per-item result)
+stored    the same worker: chunks of 100 written by hand to keep what a batch     chunks
+          promises and chunks do not (``noop_stored`` in
+          ``benchmarks/compare_celery.py``): each call's result stored under an
+          id of its own, read back chunk by chunk (``MGET``) and written to a
+          file in order; no input file, no checks. It is how much of the gap
+          to chunks that promise alone explains
 dramatiq  Dramatiq with its Redis broker and results middleware              plain
           (``benchmarks/compare_dramatiq.py``; ``dramatiq ... --processes 2
           --threads 8``): ``--singles`` ``noop.send()`` then every
@@ -90,21 +96,29 @@ CHUNK = 100  # Celery chunks of this many calls
 SKILL, NOOP, SLEEP = "local/common", "local/noop", "local/sleep"
 DB = {"cleveragents": 0, "celery": 1, "dramatiq": 2}
 
-SYSTEMS = ("plain", "events", "dramatiq", "singles", "chunks", "batch", "slow")
+SYSTEMS = ("plain", "events", "dramatiq", "singles", "chunks", "stored", "batch", "slow")
 LABELS = {
     "plain": "plain Celery (defaults): apply_async + get",
     "events": "plain Celery, task events on (as Flower turns them on)",
     "dramatiq": f"Dramatiq ({CONCURRENCY} processes x {DRAMATIQ_THREADS} threads): send + result",
     "singles": "cleveragents SkillClient.submit().result()",
     "chunks": f"Celery chunks(..., {CHUNK}): apply_async + get",
+    "stored": f"Celery chunks of {CHUNK}, each result stored and written in order",
     "batch": "cleveragents batch run",
     "slow": "cleveragents batch run, slow tool",
 }
-BASELINE = {"events": "plain", "dramatiq": "plain", "singles": "plain", "batch": "chunks"}
+BASELINE = {
+    "events": "plain",
+    "dramatiq": "plain",
+    "singles": "plain",
+    "stored": "chunks",
+    "batch": "chunks",
+}
 WORKER_OF = {
     "plain": "celery",
     "events": "celery",
     "chunks": "celery",
+    "stored": "celery",
     "dramatiq": "dramatiq",
     "singles": "cleveragents",
     "batch": "cleveragents",
@@ -287,8 +301,8 @@ def set_events(on: bool) -> None:
         raise RuntimeError(f"the plain Celery worker did not answer {command}")
 
 
-def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System, System]:
-    """plain, events and chunks, over one app with Celery's defaults.
+def celery_systems(url: str, args: argparse.Namespace, scratch: Path) -> list[System]:
+    """plain, events, chunks and stored, over one app with Celery's defaults.
 
     ``events`` is ``plain`` with the worker's task events turned on by remote
     control, as Flower does when it starts (``enable_events``), and off again after.
@@ -332,12 +346,51 @@ def celery_systems(url: str, args: argparse.Namespace) -> tuple[System, System, 
         finally:
             set_events(False)
 
+    def stored(index: int) -> Run:
+        ids = [f"stored-{index}-{n}" for n in range(args.lines)]
+        out = scratch / f"stored-{index}.jsonl"
+        started = time.perf_counter()
+        written = stored_chunks(ids, out)
+        elapsed = time.perf_counter() - started
+        if written != args.lines:
+            raise RuntimeError(f"stored chunks wrote {written} results of {args.lines}")
+        out.unlink()
+        client = compare_celery.app.backend.client
+        for start in range(0, len(ids), 1000):  # keep the Redis small
+            client.delete(
+                *(compare_celery.app.backend.get_key_for_task(i) for i in ids[start : start + 1000])
+            )
+        return Run(jobs=args.lines, elapsed=elapsed)
+
     close = compare_celery.app.close
-    return (
+    return [
         System(one, plain, args.latency_samples, close),
         System(one, events, args.latency_samples, close),
         System(one, chunks, 0, close),
-    )
+        System(one, stored, 0, close),
+    ]
+
+
+def stored_chunks(ids: list[str], out: Path) -> int:
+    """Chunks of ``noop_stored``, each chunk's results read back as it is done and
+    written to ``out`` in order, one JSON line per id; how many lines were written."""
+    from celery import group
+
+    from benchmarks import compare_celery
+
+    backend = compare_celery.app.backend
+    parts = [ids[start : start + CHUNK] for start in range(0, len(ids), CHUNK)]
+    sent = group(compare_celery.noop_stored.s(part) for part in parts).apply_async()
+    written = 0
+    with out.open("w") as sink:
+        for part, chunk in zip(parts, sent.results, strict=True):
+            chunk.get(timeout=1800)
+            for raw in backend.client.mget([backend.get_key_for_task(i) for i in part]):
+                meta = backend.decode(raw)
+                sink.write(json.dumps({**meta["result"], "request_id": meta["task_id"]}) + "\n")
+                written += 1
+    sent.forget()
+    return written
 
 
 def dramatiq_system(url: str, args: argparse.Namespace) -> System:
@@ -474,7 +527,7 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired)
         label = LABELS[system]
         if system == "slow":
             label += f", {args.slow} x {args.slow_ms:g} ms"
-        elif system in ("batch", "chunks"):
+        elif system in ("batch", "chunks", "stored"):
             label += f", {args.lines:,} lines" if system == "batch" else f", {args.lines:,} calls"
         else:
             label += f" x {args.singles:,}"
@@ -536,6 +589,16 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired)
                 f"batch: {rate:.2f}x chunks jobs/s (target >= {THROUGHPUT_TARGET:g}): "
                 f"{'PASS' if ok else 'MISS'}"
             )
+            if "stored" in runs:  # not a target: chunks that keep the per-item promise
+                stored = runs["stored"]
+                alone = statistics.median(
+                    s.rate / c.rate for s, c in zip(stored, runs["chunks"], strict=True)
+                )
+                ours = statistics.median(b.rate / s.rate for b, s in zip(done, stored, strict=True))
+                verdicts.append(
+                    f"  chunks that store every result and write it in order: {alone:.2f}x "
+                    f"chunks; batch {ours:.2f}x them"
+                )
         elif system == "slow":
             slow = statistics.median(known)
             ok = slow <= SLOW_TARGET
@@ -607,9 +670,9 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
     every.workers = services(url, set(wanted), every.scratch)
     for worker in every.workers.values():
         worker.start()
-    if {"plain", "events", "chunks"} & set(wanted):
-        plain, events, chunks = celery_systems(url["celery"], args)
-        every.systems.update(plain=plain, events=events, chunks=chunks)
+    if {"plain", "events", "chunks", "stored"} & set(wanted):
+        plain, events, chunks, stored = celery_systems(url["celery"], args, every.scratch)
+        every.systems.update(plain=plain, events=events, chunks=chunks, stored=stored)
     if "dramatiq" in wanted:
         every.systems["dramatiq"] = dramatiq_system(url["dramatiq"], args)
     if {"singles", "batch", "slow"} & set(wanted):

@@ -38,6 +38,7 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
         "plain Celery (defaults)": "baseline",
         "plain Celery, task events on": "x plain",
         "Celery chunks(..., 100)": "baseline",
+        "Celery chunks of 100, each result stored and written in order": "x chunks",
         "cleveragents SkillClient.submit().result()": "x plain",
         "cleveragents batch run, 2,000 lines": "x chunks",
         "cleveragents batch run, slow tool": "x ideal",
@@ -52,6 +53,8 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
         assert row, f"no row for {label!r} in:\n{out}"
         assert ratio in row[0], row[0]
     for verdict in ("singles: ", "singles against plain Celery with task events on", "batch: ",
-                    "slow batch: ", "paired round trips, 20 each, in turns: singles p50",
+                    "slow batch: ",
+                    "chunks that store every result and write it in order: ",
+                    "paired round trips, 20 each, in turns: singles p50",
                     "x events", "(paired; target <= 1.15)"):
         assert verdict in out
