@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
         [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
         [--systems plain,events,chunks,stored,dramatiq,singles,batch,slow] [--paired 600]
-        [--check]
+        [--check] [--ablate bind,lookups,schema,deadline,observe]
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
 each started as its users start it, with its defaults; the trivial tool
@@ -62,6 +62,11 @@ Targets (issue 15): batch >= 0.8x chunks; singles >= 0.8x plain jobs/s and p50
 failed, or, with ``--check``, a target was missed in the median of the rounds.
 Every process it starts is killed by its process group at the end, on Ctrl-C or
 on error.
+
+``--ablate`` prices the worker's promises: the cleveragents processes (worker and
+``batch run``) run with the named ones left out (``benchmarks/ablate/sitecustomize.py``),
+and their rows say so. Such a run is not the product; it only shows what is left of
+the gap to Celery without them.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ from tests.procs import EXAMPLE_SKILLS, RedisServer, kill_group  # noqa: E402
 CONCURRENCY = 2  # pool processes of every worker (Dramatiq: processes, of 8 threads each)
 DRAMATIQ_THREADS = 8
 CHUNK = 100  # Celery chunks of this many calls
+ABLATE_DIR = REPO / "benchmarks" / "ablate"  # its sitecustomize, first on PYTHONPATH
 SKILL, NOOP, SLEEP = "local/common", "local/noop", "local/sleep"
 DB = {"cleveragents": 0, "celery": 1, "dramatiq": 2}
 
@@ -124,6 +130,7 @@ WORKER_OF = {
     "batch": "cleveragents",
     "slow": "cleveragents",
 }
+ABLATIONS = ("bind", "lookups", "schema", "deadline", "observe")  # --ablate
 THROUGHPUT_TARGET = 0.8  # singles / plain and batch / chunks, jobs/s: at least this
 LATENCY_TARGET = 1.15  # singles / plain, p50 round trip: at most this
 SLOW_TARGET = 1.2  # slow batch time / ideal time: at most this
@@ -193,6 +200,8 @@ def clean_env(**extra: str) -> dict[str, str]:
         if not k.startswith(("CLEVERAGENTS_", "COMPARE_", "CELERY_"))
     }
     env["PYTHONPATH"] = str(REPO)
+    if env.get("BENCH_ABLATE"):  # only cleveragents modules are changed
+        env["PYTHONPATH"] = f"{ABLATE_DIR}{os.pathsep}{REPO}"
     env.update(extra)
     return env
 
@@ -525,6 +534,8 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired)
             continue
         done = runs[system]
         label = LABELS[system]
+        if args.ablate and WORKER_OF[system] == "cleveragents":
+            label += f" [without {args.ablate}]"
         if system == "slow":
             label += f", {args.slow} x {args.slow_ms:g} ms"
         elif system in ("batch", "chunks", "stored"):
@@ -789,7 +800,20 @@ def main(argv: list[str] | None = None) -> int:
         "--paired", type=int, help="round trips of plain and singles in turns (600; 0: none)"
     )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--ablate",
+        default="",
+        help="leave these promises out of cleveragents, to price them: comma-separated, of "
+        "bind,lookups,schema,deadline,observe (benchmarks/ablate/sitecustomize.py)",
+    )
     args = parser.parse_args(argv)
+    unknown_ablations = set(filter(None, args.ablate.split(","))) - set(ABLATIONS)
+    if unknown_ablations:
+        parser.error(f"--ablate: unknown {sorted(unknown_ablations)}")
+    if args.ablate:
+        os.environ["BENCH_ABLATE"] = args.ablate  # for the processes it starts
+    else:
+        os.environ.pop("BENCH_ABLATE", None)
     sizes = (
         {"lines": 2000, "singles": 200, "latency_samples": 30, "slow": 8, "warmup": 3, "paired": 20}
         if args.quick

@@ -58,3 +58,34 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
                     "paired round trips, 20 each, in turns: singles p50",
                     "x events", "(paired; target <= 1.15)"):
         assert verdict in out
+
+
+def test_ablations_change_only_what_they_name_and_only_where_asked() -> None:
+    # Given the ablation folder first on the path, as compare.py --ablate puts it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    env["PYTHONPATH"] = f"{REPO / 'benchmarks' / 'ablate'}{os.pathsep}{REPO}"
+    probe = (
+        "import sys, cleveragents.runtime.invoke, cleveragents.runtime.python_tool;"
+        "m = sys.modules;"
+        "i, p = m['cleveragents.runtime.invoke'], m['cleveragents.runtime.python_tool'];"
+        "print(i.validate is m['cleveragents.runtime.validation'].validate,"
+        " p.call_with_deadline.__module__)"
+    )
+
+    def run(ablate: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=REPO,
+            env={**env, "BENCH_ABLATE": ablate},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    # When nothing is named, nothing changes; when "schema" is, only validation goes
+    assert run("").stdout.split() == ["True", "cleveragents.runtime.deadline"]
+    assert run("schema").stdout.split() == ["False", "cleveragents.runtime.deadline"]
+    # And a name it does not know stops the process, naming those it knows
+    unknown = run("schema,speed")
+    assert unknown.returncode != 0
+    assert "unknown ['speed']; known: bind, lookups, schema, deadline, observe" in unknown.stderr
