@@ -63,11 +63,19 @@ def _catalogue_fix(details: dict[str, Any]) -> str | None:
 def fix_for(error: SkillError) -> str | None:
     """The one-line fix for ``error``, where there is one a user can apply."""
     details: dict[str, Any] = error.details or {}
+    guess = details.get("did_you_mean")
     if error.error_type == "skill_not_found":
         fix = _catalogue_fix(details)
         if fix:
             return fix
+        if isinstance(guess, str):
+            return f"use {guess!r} as the skill (`cleveragents skills list` shows the catalogue)"
     if error.error_type == "resolution_failure" and error.skill_name:
+        if isinstance(guess, str):
+            return (
+                f"use {guess!r} as the tool "
+                f"(`cleveragents skills show {error.skill_name}` lists its tools)"
+            )
         return (
             f"`cleveragents skills show {error.skill_name}` lists its tools; "
             "`cleveragents skills check` finds broken includes"

@@ -375,3 +375,55 @@ def test_a_not_found_skill_in_a_healthy_catalogue_keeps_the_plain_message(tmp_pa
     assert fix_for(result.error) == (
         "`cleveragents skills list` shows the catalogue (the worker's is CLEVERAGENTS_CATALOGUE)"
     )
+
+
+#: Two skills; the one a user means is ``me/greet``, whose tool is ``me/hello``.
+GREET = """\
+name: me/greet
+tools:
+  - {name: me/hello, source: python, entrypoint: examples.tools:echo}
+  - {name: me/goodbye, source: python, entrypoint: examples.tools:echo}
+"""
+
+
+@pytest.mark.parametrize(
+    ("skill", "tool", "error_type", "meant", "fix"),
+    [
+        # the namespace left out, as a new user does
+        ("me/greet", "hello", "resolution_failure", "me/hello", "use 'me/hello' as the tool"),
+        ("greet", "me/hello", "skill_not_found", "me/greet", "use 'me/greet' as the skill"),
+        # a typo
+        ("me/greet", "me/helo", "resolution_failure", "me/hello", "use 'me/hello' as the tool"),
+        ("me/greeet", "me/hello", "skill_not_found", "me/greet", "use 'me/greet' as the skill"),
+    ],
+)
+def test_a_name_close_to_one_in_the_catalogue_gets_it_named(
+    tmp_path: Path, skill: str, tool: str, error_type: str, meant: str, fix: str
+) -> None:
+    # Given a catalogue with me/greet and local/good
+    (tmp_path / "greet.yaml").write_text(GREET, encoding="utf-8")
+    (tmp_path / "good.yaml").write_text(GOOD, encoding="utf-8")
+    # When a request names a skill or tool that is not there but close to one that is
+    result = invoke({"skill": skill, "tool": tool}, Catalogue.from_paths(tmp_path))
+    # Then the error says which one was probably meant, and the fix says to use it
+    assert result.error is not None
+    assert result.error.error_type == error_type
+    assert result.error.message.endswith(f"; did you mean {meant!r}?"), result.error.message
+    assert result.error.details["did_you_mean"] == meant
+    hint = fix_for(result.error)
+    assert hint is not None
+    assert hint.startswith(fix), hint
+
+
+def test_a_name_close_to_none_gets_no_guess(tmp_path: Path) -> None:
+    (tmp_path / "greet.yaml").write_text(GREET, encoding="utf-8")
+    (tmp_path / "good.yaml").write_text(GOOD, encoding="utf-8")
+
+    unknown_tool = invoke({"skill": "me/greet", "tool": "me/x"}, Catalogue.from_paths(tmp_path))
+    unknown_skill = invoke({"skill": "local/x", "tool": "me/x"}, Catalogue.from_paths(tmp_path))
+
+    assert unknown_tool.error is not None
+    assert unknown_skill.error is not None
+    assert unknown_tool.error.message == "tool 'me/x' is not part of skill 'me/greet'"
+    assert unknown_skill.error.message == "skill not found: local/x"
+    assert "did_you_mean" not in unknown_tool.error.details

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,25 @@ from cleveragents.skills.protocol import SkillDefinition, SkillMetadata
 from cleveragents.skills.resolver import resolve_skill
 
 __all__ = ["Catalogue", "CatalogueProblem"]
+
+#: How alike a name must be to one in the catalogue to be named as the one meant.
+_ALIKE = 0.8
+
+
+def _meant(given: str, names: Iterable[str]) -> str | None:
+    """The name a user probably meant by ``given``, which is not among ``names``.
+
+    The same name in another namespace, or with the namespace left out (``hello``
+    for ``me/hello``), or in another case; else a near spelling. None when nothing
+    is that close: no guess is better than a wrong one.
+    """
+    known = sorted(names)
+    last = given.rsplit("/", 1)[-1].casefold()
+    same = [n for n in known if n.rsplit("/", 1)[-1].casefold() == last]
+    if len(same) == 1:
+        return same[0]
+    close = difflib.get_close_matches(given, known, n=1, cutoff=_ALIKE)
+    return close[0] if close else None
 
 
 @dataclass(frozen=True)
@@ -196,6 +216,10 @@ class Catalogue:
             verb = "does" if len(self._missing_paths) == 1 else "do"
             message += f"; the catalogue path {paths} {verb} not exist"
             details["missing_catalogue_paths"] = list(self._missing_paths)
+        guess = None if own else _meant(name, self.names)
+        if guess is not None:
+            message += f"; did you mean {guess!r}?"
+            details["did_you_mean"] = guess
         unloaded = self._unloaded
         if unloaded:
             details["catalogue_load_problems"] = len(unloaded)
@@ -213,10 +237,13 @@ class Catalogue:
         definition = self.resolve(skill)
         entry = self._tools[skill].get(tool)
         if entry is None:
-            raise ResolutionFailure(
-                f"tool {tool!r} is not part of skill {skill!r}",
-                details={"skill": skill, "tool": tool},
-            )
+            message = f"tool {tool!r} is not part of skill {skill!r}"
+            details: dict[str, object] = {"skill": skill, "tool": tool}
+            guess = _meant(tool, self._tools[skill])
+            if guess is not None:
+                message += f"; did you mean {guess!r}?"
+                details["did_you_mean"] = guess
+            raise ResolutionFailure(message, details=details)
         return definition, entry
 
     def list(self) -> list[SkillMetadata]:
