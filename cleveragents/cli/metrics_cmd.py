@@ -21,8 +21,8 @@ def _redis(settings: Settings) -> Any:
     url = settings.result_backend or settings.broker_url
     if not url or not url.startswith(("redis://", "rediss://", "unix://")):
         raise CliFailure(
-            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL, or with "
-            "RabbitMQ as broker CLEVERAGENTS_RESULT_BACKEND"
+            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL (or, with "
+            "RabbitMQ as the broker, CLEVERAGENTS_RESULT_BACKEND)"
         )
     return redis.Redis.from_url(url, socket_timeout=10)
 
