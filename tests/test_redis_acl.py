@@ -12,6 +12,7 @@ the same rules as ``ACL SETUSER`` lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,8 +32,10 @@ from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
+from cleveragents.binding import content_digest
 from cleveragents.celery_settings import celery_settings
 from cleveragents.client import SkillClient
+from cleveragents.constants import QUEUE_READ, TASK_INVOKE
 from cleveragents.metrics import MetricsRecorder, render
 from cleveragents.outcomes import failed_result
 from cleveragents.runtime.gating import GATE_REQUEST
@@ -447,6 +450,8 @@ PRODUCER_REFUSED = [
     ("GET", "cleveragents:claim:write:someone"),
     ("SET", "cleveragents:claim:write:someone", "forged"),
     ("SET", "celery-task-meta-someone", '{"status": "SUCCESS", "result": "forged"}'),
+    ("SET", "cleveragents:bind:someone", "forged"),
+    ("DEL", "cleveragents:bind:someone"),
     ("DEL", "celery-task-meta-someone"),
     ("LRANGE", "skills.read", "0", "-1"),
     ("LINDEX", "skills.write", "0"),
@@ -576,3 +581,79 @@ def test_a_worker_user_of_the_older_rules_binds_and_stores_started_in_two_steps(
     finally:
         admin.acl_deluser(older)
         admin.acl_log_reset()
+
+
+@pytest.mark.slow
+def test_a_producer_cannot_rebind_a_waiting_request_id_so_that_its_own_request_answers_it(
+    tmp_path: Path,
+) -> None:
+    # A Redis of its own: the victim's write must wait, with no worker, until the attack
+    server = RedisWithUsers().start()
+    try:
+        with _client(server, tmp_path / "victim") as victim:
+            # Given a victim's write, bound to its content and waiting on skills.write
+            rid = f"victim-{uuid.uuid4()}"
+            handle = victim.submit(
+                "local/notes", "local/write-note", {"name": "v", "text": "mine"},
+                allow_writes=True, request_id=rid,
+            )  # fmt: skip
+            # When a hostile producer, as the producer user, binds the id to a read of its
+            # own, and sends that read under it (a worker takes reads before writes)
+            forged = {"skill": "local/text-tools", "tool": "local/word-count",
+                      "arguments": {"text": "forged forged forged"}}  # fmt: skip
+            attacker = redis.Redis.from_url(server.url("producer"))
+            for command in (("SET", f"cleveragents:bind:{rid}", content_digest(forged)),
+                            ("DEL", f"cleveragents:bind:{rid}")):  # fmt: skip
+                with contextlib.suppress(redis.exceptions.NoPermissionError):
+                    attacker.execute_command(*command)  # type: ignore[no-untyped-call]
+            attacker.close()
+            raw = _app(server, "producer")
+            raw.send_task(TASK_INVOKE, args=[forged], task_id=rid, queue=QUEUE_READ)
+            raw.close()
+            # Then, a worker started, the victim's answer is its own write's
+            with compose_worker(server, "worker", tmp_path / "worker"):
+                result = handle.result(timeout=60)
+        assert result.tool_name == "local/write-note", result
+        assert result.success, result.error
+    finally:
+        server.stop()
+
+
+def test_a_producer_binds_without_replacing_and_the_worker_gives_the_binding_its_time_to_live(
+    acl_redis: RedisWithUsers, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = acl_redis.admin()
+    producer = redis.Redis.from_url(acl_redis.url("producer"))
+    worker = redis.Redis.from_url(acl_redis.url("worker"))
+    as_producer = RedisGuardStore(producer, 600)
+    rid, group = f"ttl-{uuid.uuid4()}", [f"ttl-{uuid.uuid4()}" for _ in range(3)]
+    # A producer binds (SETNX: no time to live), and another's binding stays as it is
+    assert as_producer.bind([(rid, "d1"), *((g, "d1") for g in group)]) == [None] * 4
+    assert as_producer.bind([(rid, "other"), (group[0], "d1")]) == ["d1", "d1"]
+    assert admin.get(f"cleveragents:bind:{rid}") == b"d1"
+    assert admin.ttl(f"cleveragents:bind:{rid}") == -1
+    # The worker, binding a single invocation or a chunk's group, gives it the time to live
+    as_worker = RedisGuardStore(worker, 600, scripted=True)
+    mark = StartedMark(lambda: None, f"celery-task-meta-{rid}", '{"status": "STARTED"}', 600)
+    assert as_worker.bind_starting(rid, "d1", mark) == ("d1", True)
+    assert as_worker.bind([(g, "d1") for g in group]) == ["d1"] * 3
+    for key in (rid, *group):
+        assert 0 < admin.ttl(f"cleveragents:bind:{key}") <= 600
+    assert acl_redis.denials() == []
+    # And a producer user of the older rules (SET, no SETNX) still binds, told the fix once
+    older = f"older-producer-{uuid.uuid4().hex[:8]}"
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", older, "on", ">pw", "-@all", "+@connection", "(~cleveragents:bind:* +set)"
+    )
+    try:
+        old = RedisGuardStore(redis.Redis(port=acl_redis.port, username=older, password="pw"), 600)
+        with caplog.at_level(logging.WARNING, logger="cleveragents.stores.redis"):
+            assert old.bind([(f"old-{rid}", "d1")]) == [None]
+            assert old.bind([(f"old-{rid}", "d2")]) == ["d1"]
+        said = [r.getMessage() for r in caplog.records if "+setnx +get" in r.getMessage()]
+        assert len(said) == 1, said
+    finally:
+        admin.acl_deluser(older)
+        admin.acl_log_reset()
+    for client in (producer, worker):
+        client.close()

@@ -47,11 +47,15 @@ _PAGE = 10_000
 #: runs against the caller's user, as if sent alone.
 _SCRIPT_FROM = 2
 #: KEYS: bind keys; ARGV[1]: time to live (s), then a digest per key. Returns what each
-#: key held before (nil where it was free, and is now bound).
+#: key held before (nil where it was free, and is now bound). A key already bound to
+#: its digest gets the time to live: a producer binds with ``SETNX``, which sets none.
 _BIND_LUA = """
 local out = {}
 for i = 1, #KEYS do
   out[i] = redis.call('SET', KEYS[i], ARGV[i + 1], 'NX', 'GET', 'EX', ARGV[1])
+  if out[i] == ARGV[i + 1] then
+    redis.call('SET', KEYS[i], ARGV[i + 1], 'XX', 'EX', ARGV[1])
+  end
 end
 return out
 """
@@ -74,16 +78,26 @@ return #KEYS
 #: SUCCESS is stored: that is never overwritten), or bound to this digest with no
 #: finished state stored. Returns what the bind key held before (nil: it was free),
 #: and 1 where STARTED was stored, else 0.
-_BIND_STARTING_LUA = STORE_STATE_LUA + """
+_BIND_STARTING_LUA = (
+    STORE_STATE_LUA
+    + """
 local before = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'EX', ARGV[2])
 if before and before ~= ARGV[1] then
   return {before, 0}
+end
+if before then  -- bound by its producer (SETNX: no time to live yet)
+  redis.call('SET', KEYS[1], ARGV[1], 'XX', 'EX', ARGV[2])
 end
 if store_state(KEYS[2], ARGV[3], ARGV[4], before) then
   return {before, 1}
 end
 return {before, 0}
 """
+)
+
+
+def _setnx_get(key: str, digest: str) -> tuple[tuple[Arg, ...], tuple[Arg, ...]]:
+    return ("SETNX", key, digest), ("GET", key)
 
 
 def _text(value: Any) -> str:
@@ -98,14 +112,16 @@ class RedisGuardStore:
     ) -> None:
         self.client = client
         self.ttl = max(int(ttl_s), 60)
-        #: Bind many ids with one script (a worker's Redis user may; a producer's may not
-        #: run scripts, and binds with a pipeline).
+        #: Bind ids with a script (a worker's Redis user may; a producer's may not run
+        #: scripts, and binds with ``SETNX``, which never replaces another's binding).
         self.scripted = scripted
         #: Whether the broker marks redeliveries: kombu's Redis transport marks a
         #: restored message, AMQP a redelivered one; the embedded file transport none.
         self.marks_redeliveries = marks_redeliveries
         #: Redis refused the bind-and-start script (an older ACL): two steps instead.
         self._bind_starting_refused = False
+        #: Redis refused a producer's ``SETNX`` (an older ACL): ``SET NX GET`` instead.
+        self._setnx_refused = False
 
     def _key(self, kind: str, request_id: str) -> str:
         return f"{CLAIM_KEY_PREFIX}{kind}:{request_id}"
@@ -168,22 +184,48 @@ class RedisGuardStore:
         if not pairs:
             return []
 
+        keys = [f"{BIND_KEY_PREFIX}{request_id}" for request_id, _ in pairs]
+        digests = [digest for _, digest in pairs]
+
         def bind_all() -> list[Any]:
-            keys = [f"{BIND_KEY_PREFIX}{request_id}" for request_id, _ in pairs]
-            if self.scripted and len(pairs) >= _SCRIPT_FROM:
-                digests = [digest for _, digest in pairs]
+            if self.scripted:
                 return list(self._bind_script(keys=keys, args=[self.ttl, *digests]))
-            return pipelined(
-                self.client,
-                [
-                    ("SET", key, digest, "NX", "GET", "EX", self.ttl)
-                    for key, (_, digest) in zip(keys, pairs, strict=True)
-                ],
-            )
+            return self._bind_as_producer(keys, digests)
 
         # A reply lost to a broken connection is sent again and finds its own digest:
         # the same request, as it is.
         return [None if raw is None else _text(raw) for raw in retrying(bind_all)]
+
+    def _bind_as_producer(self, keys: list[str], digests: list[str]) -> list[Any]:
+        """``SETNX`` then ``GET`` of each key: a producer's user may not ``SET`` bindings,
+        so that no producer can replace the binding of another's waiting request (and
+        have its own request answer it). The worker gives the key its time to live."""
+        if not self._setnx_refused:
+            commands = [c for pair in zip(keys, digests, strict=True) for c in _setnx_get(*pair)]
+            try:
+                replies = pipelined(self.client, commands)
+            except NoPermissionError as exc:
+                self._setnx_refused = True
+                log.warning(
+                    "Redis refused SETNX on request-id bindings (%s): the producer's Redis "
+                    "user has older rules, which let any producer replace another's "
+                    "binding; give it (~cleveragents:bind:* +setnx +get) instead of "
+                    '(~cleveragents:bind:* +set) (docs/deployment.md, "Redis users per '
+                    'role"); until then it binds with SET NX',
+                    exc,
+                )
+            else:
+                return [
+                    None if took else held
+                    for took, held in zip(replies[::2], replies[1::2], strict=True)
+                ]
+        return pipelined(
+            self.client,
+            [
+                ("SET", key, digest, "NX", "GET", "EX", self.ttl)
+                for key, digest in zip(keys, digests, strict=True)
+            ],
+        )
 
     @cached_property
     def _bind_script(self) -> Script:
@@ -218,7 +260,7 @@ class RedisGuardStore:
                 "Redis refused the script that binds a request id and stores STARTED at "
                 "once (%s): add ~celery-task-meta-* to the worker user's "
                 "(~cleveragents:bind:* +set +evalsha) selector (docs/deployment.md, "
-                "\"Redis users per role\"); until then it takes two round trips",
+                '"Redis users per role"); until then it takes two round trips',
                 exc,
             )
             return bind_then_start(self, request_id, digest, mark)
