@@ -619,6 +619,13 @@ def test_a_producer_cannot_rebind_a_waiting_request_id_so_that_its_own_request_a
         server.stop()
 
 
+def _calls(admin: redis.Redis) -> dict[str, int]:
+    """How many binding commands Redis ran since ``CONFIG RESETSTAT``, by name."""
+    stats = admin.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+    return {n: c for n, c in calls.items() if n in {"setnx", "get", "set"}}
+
+
 def test_a_producer_binds_without_replacing_and_the_worker_gives_the_binding_its_time_to_live(
     acl_redis: RedisWithUsers, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -627,9 +634,17 @@ def test_a_producer_binds_without_replacing_and_the_worker_gives_the_binding_its
     worker = redis.Redis.from_url(acl_redis.url("worker"))
     as_producer = RedisGuardStore(producer, 600)
     rid, group = f"ttl-{uuid.uuid4()}", [f"ttl-{uuid.uuid4()}" for _ in range(3)]
-    # A producer binds (SETNX: no time to live), and another's binding stays as it is
+    # A producer binds (SETNX: no time to live), and another's binding stays as it is;
+    # it reads back only the ids already bound (one command per free id)
+    admin.config_resetstat()
     assert as_producer.bind([(rid, "d1"), *((g, "d1") for g in group)]) == [None] * 4
-    assert as_producer.bind([(rid, "other"), (group[0], "d1")]) == ["d1", "d1"]
+    assert _calls(admin) == {"setnx": 4}
+    assert as_producer.bind([(rid, "other"), (f"free-{rid}", "d1"), (group[0], "d1")]) == [
+        "d1",
+        None,
+        "d1",
+    ]
+    assert _calls(admin) == {"setnx": 7, "get": 2}
     assert admin.get(f"cleveragents:bind:{rid}") == b"d1"
     assert admin.ttl(f"cleveragents:bind:{rid}") == -1
     # The worker, binding a single invocation or a chunk's group, gives it the time to live

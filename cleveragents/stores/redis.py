@@ -96,10 +96,6 @@ return {before, 0}
 )
 
 
-def _setnx_get(key: str, digest: str) -> tuple[tuple[Arg, ...], tuple[Arg, ...]]:
-    return ("SETNX", key, digest), ("GET", key)
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -197,13 +193,16 @@ class RedisGuardStore:
         return [None if raw is None else _text(raw) for raw in retrying(bind_all)]
 
     def _bind_as_producer(self, keys: list[str], digests: list[str]) -> list[Any]:
-        """``SETNX`` then ``GET`` of each key: a producer's user may not ``SET`` bindings,
-        so that no producer can replace the binding of another's waiting request (and
-        have its own request answer it). The worker gives the key its time to live."""
+        """``SETNX`` each key, then ``GET`` those already bound (a second round trip only
+        when some were: a resumed batch, a request sent again): a producer's user may not
+        ``SET`` bindings, so that no producer can replace the binding of another's waiting
+        request (and have its own request answer it). The worker gives the key its time
+        to live."""
         if not self._setnx_refused:
-            commands = [c for pair in zip(keys, digests, strict=True) for c in _setnx_get(*pair)]
             try:
-                replies = pipelined(self.client, commands)
+                took = pipelined(
+                    self.client, [("SETNX", k, d) for k, d in zip(keys, digests, strict=True)]
+                )
             except NoPermissionError as exc:
                 self._setnx_refused = True
                 log.warning(
@@ -215,10 +214,10 @@ class RedisGuardStore:
                     exc,
                 )
             else:
-                return [
-                    None if took else held
-                    for took, held in zip(replies[::2], replies[1::2], strict=True)
-                ]
+                held = [key for key, new in zip(keys, took, strict=True) if not new]
+                found = iter(pipelined(self.client, [("GET", key) for key in held]))
+                # A key deleted between the two reads is free: the worker binds it.
+                return [None if new else next(found) for new in took]
         return pipelined(
             self.client,
             [
