@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.queue_bench import BenchWorker  # noqa: E402
-from cleveragents.celery_settings import celery_settings  # noqa: E402
+from cleveragents.broker.celery_settings import celery_settings  # noqa: E402
 from cleveragents.client import SkillClient  # noqa: E402
 from cleveragents.settings import Settings  # noqa: E402
 from tests.procs import RedisServer  # noqa: E402

@@ -52,7 +52,7 @@ def build_skill_dicts(seed: int) -> list[dict[str, Any]]:
                     "name": f"{name}-t{t}",
                     "description": f"tool {t} of {name}",
                     "source": "python",
-                    "entrypoint": "examples.tools:echo",
+                    "entrypoint": "cleveragents.examples.tools:echo",
                     "writes": t == 2 and index % 10 == 0,
                     "input_schema": {
                         "type": "object",

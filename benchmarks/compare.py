@@ -7,7 +7,7 @@
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
 each started as its users start it, with its defaults; the trivial tool
-(``examples.tools.noop``) everywhere:
+(``cleveragents.examples.tools.noop``) everywhere:
 
 ========  ==================================================================  ==========
 system    what is measured                                                    baseline

@@ -2,7 +2,7 @@
 
 Only the broker and the result backend are given (``COMPARE_CELERY_URL``, a Redis):
 JSON, prefetch multiplier 4, early acknowledgement, no task events. ``noop`` calls
-the trivial tool of the other systems, ``examples.tools.noop``; its argument is
+the trivial tool of the other systems, ``cleveragents.examples.tools.noop``; its argument is
 there for ``noop.chunks(zip(range(n)), 100)``, which needs one per call.
 ``noop_stored`` is a chunk written by hand that also keeps what a batch promises
 and chunks do not: each call's result stored under an id of its own, as Celery
@@ -24,8 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
-
-from examples.tools import noop as noop_tool
+from cleveragents.examples.tools import noop as noop_tool
 
 __all__ = ["app", "noop", "noop_stored"]
 

@@ -15,11 +15,10 @@ import os
 from typing import Any
 
 import dramatiq
+from cleveragents.examples.tools import noop as noop_tool
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
-
-from examples.tools import noop as noop_tool
 
 __all__ = ["broker", "noop"]
 

@@ -1,14 +1,15 @@
 """The baseline of ``benchmarks/queue_bench.py``: a plain Celery task around the same tool.
 
-``bench.noop`` calls ``examples.tools.noop`` directly: no request model, no
+``bench.noop`` calls ``cleveragents.examples.tools.noop`` directly: no request model, no
 catalogue, no gates, no schema validation, no deadline, no ``SkillResult``. The
 app is configured from the very dict the skill worker uses
-(``cleveragents.celery_settings.celery_settings``: JSON only, acks late, prefetch 1, track started,
+(``cleveragents.broker.celery_settings.celery_settings``: JSON only, acks late, prefetch 1,
+track started,
 task events, result backend, transport options ...), with two differences that
 only concern routing and error paths:
 
 * ``bench.noop`` goes to a queue of its own, ``bench.plain``;
-* the consumer is Celery's own: ``worker.consumer:SkillConsumer`` only differs
+* the consumer is Celery's own: ``cleveragents.worker.consumer:SkillConsumer`` only differs
   on undecodable or disallowed messages, and importing it would import the
   ``worker`` package, i.e. create the skill app and connect its start-up hooks.
 
@@ -26,11 +27,11 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready
+from cleveragents.examples.tools import noop as noop_tool
 from kombu import Exchange, Queue
 
-from cleveragents.celery_settings import celery_settings
+from cleveragents.broker.celery_settings import celery_settings
 from cleveragents.settings import Settings
-from examples.tools import noop as noop_tool
 
 __all__ = ["PLAIN_QUEUE", "PLAIN_TASK", "app", "noop"]
 
@@ -58,7 +59,7 @@ def noop() -> dict[str, Any]:
 
 @worker_ready.connect
 def _announce_ready(**_: Any) -> None:
-    # Same readiness file as the skill worker (worker/signals.py), for the benchmark.
+    # Same readiness file as the skill worker (cleveragents/worker/startup.py), for the benchmark.
     ready_file = os.environ.get("CLEVERAGENTS_READY_FILE")
     if ready_file:
         Path(ready_file).write_text(str(os.getpid()), encoding="utf-8")

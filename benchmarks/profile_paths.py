@@ -18,7 +18,7 @@ For each it reports, per invocation:
 * CPU time by role, from ``py-spy record --subprocesses --nonblocking`` (samples
   of the producer, the worker's main process and its pool processes, each stack
   put in one class: **store** (a frame in ``cleveragents/stores``,
-  ``cleveragents/guard.py`` or ``celery/backends``), else **worker** (the runtime,
+  ``cleveragents/pipeline/guard.py`` or ``celery/backends``), else **worker** (the runtime,
   the pipeline, the tasks, the tool, our consumer-side code), else **transport**
   (Celery, kombu, billiard: receiving, dispatching to the pool, tracing, acks);
   everything in the producer is **producer**, its imports apart) and, for Redis,
@@ -162,7 +162,8 @@ def classify(frames: list[str], producer: bool) -> str:
     if producer:
         return "startup" if "_find_and_load" in text else "producer"
     if any(
-        m in text for m in ("cleveragents/stores/", "cleveragents/guard.py", "celery/backends/")
+        m in text
+        for m in ("cleveragents/stores/", "cleveragents/pipeline/guard.py", "celery/backends/")
     ):
         return "store"
     worker_code = ("cleveragents/", "tasks/", "examples/", "(worker/")

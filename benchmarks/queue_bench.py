@@ -13,7 +13,7 @@ on; prefork pool, concurrency 2, ``--loglevel WARNING --without-mingle
   ``.result()``, served by ``python -m celery -A worker worker`` with the example
   catalogue (its own queues, ``skills.*``);
 * **plain Celery**: ``bench.noop`` (``benchmarks/plain_tasks.py``), a task that
-  calls the same function, ``examples.tools.noop``, directly, served by
+  calls the same function, ``cleveragents.examples.tools.noop``, directly, served by
   ``python -m celery -A benchmarks.plain_tasks worker -Q bench.plain``.
 
 Only one worker runs at a time: the other one is frozen with SIGSTOP (parent and

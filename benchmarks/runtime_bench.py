@@ -6,7 +6,7 @@ deadline, call the tool, check the output is JSON, validate the output and build
 ``SkillResult``. This measures what that costs on top of calling the tool's
 function directly:
 
-* ``local/common`` ``local/noop`` (``examples.tools:noop``), request as a dict;
+* ``local/common`` ``local/noop`` (``cleveragents.examples.tools:noop``), request as a dict;
 * the same with a ``SkillInvocationRequest`` built beforehand;
 * the same from a thread that is not the main thread (the watchdog deadline);
 * ``local/text-tools`` ``local/word-count``, whose input and output are
@@ -28,10 +28,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cleveragents.examples.tools import noop, word_count
+
 from cleveragents.runtime import SkillInvocationRequest, invoke
 from cleveragents.settings import bundled_examples_path
 from cleveragents.skills import Catalogue
-from examples.tools import noop, word_count
 
 DEFAULT_N = 50_000
 REPEATS = 3

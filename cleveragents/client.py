@@ -21,8 +21,9 @@ from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # 
 
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
-from cleveragents.binding import RequestIdReused, request_digest, reused_result
-from cleveragents.celery_settings import celery_settings, consumer_transport
+from cleveragents.broker.celery_settings import celery_settings, consumer_transport
+from cleveragents.broker.queue_search import is_waiting
+from cleveragents.broker.signing import register_signing
 from cleveragents.constants import (
     BATCH_HEADER,
     QUEUE_BATCH,
@@ -35,15 +36,7 @@ from cleveragents.constants import (
 )
 from cleveragents.embedded.folders import EmbeddedFolders, create_folders
 from cleveragents.embedded.inflight import live_consumers
-from cleveragents.queued import is_waiting
-from cleveragents.runtime.invoke import parse_request
-from cleveragents.runtime.request import SkillInvocationRequest
-from cleveragents.settings import Settings
-from cleveragents.signing import register_signing
-from cleveragents.skills import SkillResult
-from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
-from cleveragents.stores.results import refused_for_writes
-from cleveragents.wire import (
+from cleveragents.messages import (
     ChunkContext,
     chunk_repr,
     redacted_repr,
@@ -51,6 +44,13 @@ from cleveragents.wire import (
     result_from_stored,
     result_payload,
 )
+from cleveragents.pipeline.binding import RequestIdReused, request_digest, reused_result
+from cleveragents.runtime.invoke import parse_request
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.settings import Settings
+from cleveragents.skills import SkillResult
+from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
+from cleveragents.stores.results import refused_for_writes
 
 __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
 
@@ -238,7 +238,7 @@ class SkillClient:
         """Bind each request's id to its content; True where the id was bound to other content.
 
         Such a request must not be sent: it would get the other request's result
-        (``cleveragents.binding``). One round trip for all of them.
+        (``cleveragents.pipeline.binding``). One round trip for all of them.
         """
         digests = [request_digest(r) for r in requests]
         before = self.stores.guard.bind(
@@ -282,7 +282,7 @@ class SkillClient:
         that cannot (RabbitMQ, the embedded broker) publishes them as before. A
         batch whose pipeline failed (delivery uncertain) is sent again the usual
         way, with kombu's retries: a message that did arrive twice carries the
-        same id, and a worker runs an id once (``cleveragents.binding``).
+        same id, and a worker runs an id once (``cleveragents.pipeline.binding``).
         """
         with self.app.producer_or_acquire() as producer:
             try:
@@ -331,7 +331,7 @@ class SkillClient:
         """Revoke an invocation: a queued one never starts; ``terminate`` stops a running one.
 
         Returns False, doing nothing, on the embedded default: its local worker takes
-        no broadcast commands (``cleveragents.celery_settings``).
+        no broadcast commands (``cleveragents.broker.celery_settings``).
         """
         if self.settings.embedded:
             return False
@@ -403,7 +403,7 @@ class SkillClient:
 
         PENDING means sent and not yet started: the id is bound (the CLI, batches and
         chosen ids bind before sending; a worker binds what it takes), or its message
-        waits in a queue (``cleveragents.queued``). UNKNOWN means neither, looked at
+        waits in a queue (``cleveragents.broker.queue_search``). UNKNOWN means neither, looked at
         twice: a typo, or a result and binding that expired (``CLEVERAGENTS_RESULT_EXPIRES_S``).
         """
         for attempt in range(2):

@@ -29,7 +29,8 @@ DELIVERY_LIMIT = 10
 BATCH_KEY_PREFIX = "cleveragents:batch:"
 #: Prefix of the at-most-once markers of write-capable, non-idempotent invocations.
 CLAIM_KEY_PREFIX = "cleveragents:claim:"
-#: Prefix of the keys that bind a request id to a digest of its content (``cleveragents.binding``).
+#: Prefix of the keys that bind a request id to a digest of its content
+#: (``cleveragents.pipeline.binding``).
 BIND_KEY_PREFIX = "cleveragents:bind:"
 #: The Redis list of poison invocations kept for inspection (newest first).
 DEAD_LETTER_KEY = f"{CLAIM_KEY_PREFIX}dead-letter"
@@ -39,13 +40,15 @@ DEAD_LETTER_LIMIT = 10_000
 INVOCATIONS_KEY = "cleveragents:metrics:invocations"
 #: Redis hash of invocation durations: histogram buckets and ``sum:`` totals.
 DURATIONS_KEY = "cleveragents:metrics:durations"
-#: Redis hash of the messages workers hold: delivery tag -> holder (``cleveragents.liveness``).
+#: Redis hash of the messages workers hold: delivery tag -> holder
+#: (``cleveragents.broker.redis.liveness``).
 HELD_KEY = "cleveragents:held"
 #: Prefix of a holder's heartbeat key; the key expires when the holder stops beating.
 ALIVE_KEY_PREFIX = "cleveragents:alive:"
 #: The Redis lock one worker takes to give back what dead holders held.
 REAPER_KEY = "cleveragents:reaper"
-#: Prefix of a queue's doorbell, rung as a message is published (``cleveragents.redis_fetch``).
+#: Prefix of a queue's doorbell, rung as a message is published
+#: (``cleveragents.broker.redis.fetch``).
 DOOR_KEY_PREFIX = "cleveragents:door:"
 
 #: Largest arguments accepted, in bytes of their JSON.

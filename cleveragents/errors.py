@@ -20,9 +20,8 @@ stands for, so that ``map_tool_error`` never has to guess from message text::
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
-
-from cleveragents.error_types import SkillErrorType
 
 __all__ = [
     "CleverAgentsError",
@@ -31,6 +30,7 @@ __all__ = [
     "ReadOnlyViolation",
     "ResolutionFailure",
     "SchemaValidationError",
+    "SkillErrorType",
     "SkillNotFoundError",
     "SkillResolutionError",
     "ToolActivationError",
@@ -39,6 +39,18 @@ __all__ = [
     "ToolTimedOut",
     "WriteRefused",
 ]
+
+
+class SkillErrorType(StrEnum):
+    """Every category a ``SkillError`` can carry."""
+
+    SKILL_NOT_FOUND = "skill_not_found"
+    RESOLUTION_FAILURE = "resolution_failure"
+    CYCLE_DETECTED = "cycle_detected"
+    TOOL_ACTIVATION_FAILURE = "tool_activation_failure"
+    TOOL_EXECUTION_FAILURE = "tool_execution_failure"
+    VALIDATION_ERROR = "validation_error"
+    PERMISSION_DENIED = "permission_denied"
 
 
 class CleverAgentsError(Exception):

@@ -6,8 +6,8 @@ import logging
 import time
 from typing import Any
 
+from cleveragents.runtime.text import json_text
 from cleveragents.skills import SkillResult
-from cleveragents.utf8 import json_text
 
 __all__ = ["INVOCATION_LOGGER", "JsonFormatter", "invocation_fields", "log_invocation"]
 

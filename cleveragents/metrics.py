@@ -10,7 +10,7 @@ starts every catalogue tool's series at zero (``MetricsRecorder.start``), so the
 first invocation of a tool is an increase that ``increase()`` and ``rate()`` see.
 The ``cleveragents metrics`` exporter reads those, plus the length of every queue
 and the age of its oldest waiting message (``QueueGauges``: Redis lists, or RabbitMQ
-queues, whose ages cannot be read: ``cleveragents.rabbitmq``), and serves them at
+queues, whose ages cannot be read: ``cleveragents.broker.rabbitmq``), and serves them at
 ``/metrics``.
 """
 

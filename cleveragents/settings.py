@@ -24,7 +24,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 def bundled_examples_path() -> Path:
     """The example catalogue shipped with the package."""
-    import examples  # the bundled example package, installed beside cleveragents
+    from cleveragents import examples  # the bundled examples (the examples/ folder)
 
     return Path(examples.__file__).resolve().parent
 

@@ -34,7 +34,7 @@ POISON = "test/poison"
 #: producer alike): short, so that what a killed worker held comes back quickly.
 VISIBILITY_S = 4.0
 #: CLEVERAGENTS_RECOVERY_S of the rig's workers: a dead worker's messages come back within
-#: it (cleveragents/redis_transport.py), whatever the visibility timeout.
+#: it (cleveragents/broker/redis/transport.py), whatever the visibility timeout.
 RECOVERY_S = 4.0
 
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from cleveragents.batch.api import batch_results, batch_status
 from cleveragents.batch.gather import FIRST_READ, READ_BATCH, Entry, OrderedGather
-from cleveragents.error_types import SkillErrorType
-from cleveragents.outcomes import failed_result
+from cleveragents.errors import SkillErrorType
+from cleveragents.messages import result_payload
 from cleveragents.runtime.gating import GATE_REQUEST
+from cleveragents.runtime.outcomes import failed_result
 from cleveragents.skills import SkillResult
 from cleveragents.stores.memory import MemoryBatchLedger, MemoryResultStore
-from cleveragents.wire import result_payload
 
 
 class CountingStore(MemoryResultStore):

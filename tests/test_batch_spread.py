@@ -19,9 +19,9 @@ from cleveragents.client import SkillClient
 from cleveragents.constants import BATCH_HEADER
 from cleveragents.embedded.folders import EmbeddedFolders
 from cleveragents.embedded.withdraw import withdraw
+from cleveragents.messages import ChunkContext
 from cleveragents.pipeline.chunk import MAX_PIECES, PIECE_S, pieces
 from cleveragents.settings import Settings
-from cleveragents.wire import ChunkContext
 from tests.procs import Worker
 
 StartWorker = Callable[..., Worker]

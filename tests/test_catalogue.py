@@ -28,7 +28,7 @@ _ECHO_TOOL = """
     tools:
       - name: {tool}
         source: python
-        entrypoint: examples.tools:echo
+        entrypoint: cleveragents.examples.tools:echo
 """
 
 
@@ -157,7 +157,7 @@ def test_a_bad_entry_in_a_skills_list_does_not_hide_the_other_entries(tmp_path: 
           - just a string
           - name: local/three
             tools:
-              - {name: local/t, source: python, entrypoint: examples.tools:echo}
+              - {name: local/t, source: python, entrypoint: cleveragents.examples.tools:echo}
         """,
     )
     catalogue = Catalogue.from_paths(tmp_path)

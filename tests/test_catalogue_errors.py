@@ -16,7 +16,7 @@ from textwrap import dedent
 
 import pytest
 
-from cleveragents.hints import fix_for
+from cleveragents.cli.failure_text import fix_for
 from cleveragents.runtime import invoke
 from cleveragents.skills import Catalogue
 from tests.procs import REPO
@@ -38,13 +38,13 @@ tools:
   - name: local/t
     source: python
     write: true
-    entrypoint: examples.tools:echo
+    entrypoint: cleveragents.examples.tools:echo
 """
 
 GOOD = """\
 name: local/good
 tools:
-  - {name: local/echo, source: python, entrypoint: examples.tools:echo}
+  - {name: local/echo, source: python, entrypoint: cleveragents.examples.tools:echo}
 """
 
 
@@ -381,8 +381,8 @@ def test_a_not_found_skill_in_a_healthy_catalogue_keeps_the_plain_message(tmp_pa
 GREET = """\
 name: me/greet
 tools:
-  - {name: me/hello, source: python, entrypoint: examples.tools:echo}
-  - {name: me/goodbye, source: python, entrypoint: examples.tools:echo}
+  - {name: me/hello, source: python, entrypoint: cleveragents.examples.tools:echo}
+  - {name: me/goodbye, source: python, entrypoint: cleveragents.examples.tools:echo}
 """
 
 

@@ -1,4 +1,6 @@
-"""A chunk yields its process only to an interactive invocation that waits (worker/waiting.py).
+"""A chunk yields its process only to an interactive invocation that waits.
+
+(``cleveragents/broker/interactive_waiting.py``)
 
 The check counts what waits in the interactive queues a worker consumes, on Redis
 and the embedded broker, without taking it; batch chunks waiting do not count. On
@@ -13,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from cleveragents.broker.interactive_waiting import interactive_queues, interactive_waiting
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_BATCH, QUEUE_READ, QUEUE_WRITE
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
 from tests.conftest import Broker
-from worker.waiting import interactive_queues, interactive_waiting
 
 
 @pytest.fixture(params=["redis", "embedded"])

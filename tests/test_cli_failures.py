@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cleveragents.error_types import SkillErrorType
-from cleveragents.hints import failure_lines, fix_for
-from cleveragents.outcomes import failed_result
+from cleveragents.cli.failure_text import failure_lines, fix_for
+from cleveragents.errors import SkillErrorType
+from cleveragents.runtime.outcomes import failed_result
 from tests.procs import EXAMPLE_SKILLS, REPO, free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -239,7 +239,7 @@ def test_an_args_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> No
 def test_the_reach_check_reads_celerys_tls_spelling_and_leaves_other_urls_to_the_command(
     redis_url: str,
 ) -> None:
-    from cleveragents.cli.reach import _ping, _redis_py_url
+    from cleveragents.cli.broker_check import _ping, _redis_py_url
 
     url = "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=CERT_REQUIRED"
     assert _redis_py_url(url) == "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=required"

@@ -115,7 +115,7 @@ def test_result_of_an_id_never_submitted_says_so(redis_url: str) -> None:
 def test_result_of_an_id_never_submitted_is_pending_on_rabbitmq(
     rabbit_url: str, redis_url: str
 ) -> None:
-    # RabbitMQ cannot be searched without taking its messages (cleveragents/queued.py):
+    # RabbitMQ cannot be searched without taking its messages (cleveragents/broker/queue_search.py):
     # an id neither stored nor bound may still wait there, so it is pending, not unknown.
     env = {"CLEVERAGENTS_BROKER_URL": rabbit_url, "CLEVERAGENTS_RESULT_BACKEND": redis_url}
     done = run_cli("result", "never-submitted", "--json", env=env)

@@ -61,7 +61,7 @@ def broken_catalogue(tmp_path: Path) -> tuple[Path, list[Path]]:
         """
         name: local/good
         tools:
-          - {name: local/t, source: python, entrypoint: examples.tools:echo}
+          - {name: local/t, source: python, entrypoint: cleveragents.examples.tools:echo}
         """,
     )
     bad = [
@@ -208,7 +208,7 @@ def test_skills_check_reports_schemas_that_are_not_json_schema(tmp_path: Path) -
         tools:
           - name: local/t
             source: python
-            entrypoint: examples.tools:echo
+            entrypoint: cleveragents.examples.tools:echo
             input_schema: {type: nonsense}
         """,
     )

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from cleveragents.broker.rabbitmq import uses_amqp
 from cleveragents.constants import HARD_LIMIT_GRACE_S
-from cleveragents.rabbitmq import uses_amqp
 from cleveragents.settings import Settings
 from tests.composefile import (
     BIN,

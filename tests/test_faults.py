@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from cleveragents.guard import MAX_ATTEMPTS
+from cleveragents.pipeline.guard import MAX_ATTEMPTS
 from cleveragents.skills import SkillErrorType
 from tests.fault_rig import (
     IDEMPOTENT,

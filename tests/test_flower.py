@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from cleveragents.client import SkillClient
+from cleveragents.messages import ChunkContext, chunk_repr, redacted_repr
 from cleveragents.pipeline import ItemFailure, Pipeline, execute_chunk
 from cleveragents.skills import Catalogue
 from cleveragents.stores import Stores
-from cleveragents.wire import ChunkContext, chunk_repr, redacted_repr
-from tasks.events import task_events_on
+from cleveragents.tasks.events import task_events_on
 from tests.procs import FIXTURE_SKILLS, REPO, Worker, free_port, kill_group, wait_until
 
 pytestmark = pytest.mark.timeout(180)

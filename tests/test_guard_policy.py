@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from cleveragents.guard import MAX_ATTEMPTS, Claim, Guard
 from cleveragents.pipeline import Pipeline, execute, execute_chunk
 from cleveragents.pipeline import chunk as chunk_module
 from cleveragents.pipeline.chunk import FIRST_GROUP, MAX_GROUP, SLICE_S, STAY_S, TAIL_S
+from cleveragents.pipeline.guard import MAX_ATTEMPTS, Claim, Guard
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.stores import MemoryGuardStore, ResultStore, Stores
 from tests.procs import FIXTURE_SKILLS

@@ -50,19 +50,28 @@ log_success = trace.LOG_SUCCESS
 environ = dict(os.environ)
 
 
-def walk(package):
-    # __main__ modules are programs: importing one runs it.
+#: The Celery app and its tasks: importing them builds the app (Flower's columns, below).
+APP = ("cleveragents.worker", "cleveragents.tasks")
+
+
+def walk(package, skip=()):
+    # __main__ modules are programs: importing one runs it. (pkgutil.walk_packages would
+    # import a skipped package to look inside it.)
     module = importlib.import_module(package)
-    for info in pkgutil.walk_packages(module.__path__, package + "."):
-        if not info.name.endswith(".__main__"):
+    for info in pkgutil.iter_modules(module.__path__, package + "."):
+        if info.name.endswith(".__main__") or info.name.startswith(skip):
+            continue
+        if info.ispkg:
+            walk(info.name, skip)
+        else:
             importlib.import_module(info.name)
 
 
-walk("cleveragents")
-importlib.import_module("celeryconfig")
+walk("cleveragents", skip=APP)
 library_environ = dict(os.environ)
-walk("worker")
-walk("tasks")
+for package in (*APP, "worker", "tasks"):
+    walk(package)
+importlib.import_module("celeryconfig")
 print(json.dumps({
     "aliases_unchanged": dict(kombu.transport.TRANSPORT_ALIASES) == aliases,
     "connparams_unpatched": kombu_redis.Channel._connparams is connparams,
@@ -117,7 +126,8 @@ def test_importing_every_module_with_bad_settings_creates_nothing_and_changes_no
     assert report["connparams_unpatched"]
     assert report["log_success_unchanged"]
     assert report["library_environ_unchanged"]
-    # The app module's one exception: Flower's default columns (worker/flower_columns.py).
+    # The app module's one exception: Flower's default columns
+    # (cleveragents/worker/flower_columns.py).
     assert report["environ_added"] == ["FLOWER_TASKS_COLUMNS"]
 
 
@@ -234,6 +244,6 @@ def test_a_started_worker_applies_the_patches_and_logs_no_return_value(
     # Then the patches were applied at start, and the success line has no output
     wait_until(lambda: "succeeded in" in worker.log_text(), 10, "the success log line")
     log = worker.log_text()
-    assert "applied worker.patches.kombu_connparams (kombu 5.7" in log
-    assert "applied worker.patches.success_log (celery 5.7" in log
+    assert "applied cleveragents.broker.patches.kombu_connparams (kombu 5.7" in log
+    assert "applied cleveragents.broker.patches.success_log (celery 5.7" in log
     assert secret.upper() not in log

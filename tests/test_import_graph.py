@@ -91,7 +91,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_sees_the_library_and_its_cycles() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert "cleveragents.stores" in graph["cleveragents.guard"]
+    assert "cleveragents.stores" in graph["cleveragents.pipeline.guard"]
     assert "cleveragents.batch.api" in graph["cleveragents.client"]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 

@@ -144,16 +144,17 @@ def flags_catalogue(tmp_path: Path) -> Path:
         description: one tool of each kind
         version: 3.1
         tools:
-          - {name: test/read, source: python, entrypoint: examples.tools:echo,
+          - {name: test/read, source: python, entrypoint: cleveragents.examples.tools:echo,
              description: reads}
-          - {name: test/write, source: python, entrypoint: examples.tools:echo, writes: true}
+          - {name: test/write, source: python, writes: true,
+             entrypoint: cleveragents.examples.tools:echo}
           - {name: test/notify, source: command, command: [python3, -c, "print(1)"],
              side_effects: true}
-          - {name: test/both, source: python, entrypoint: examples.tools:echo,
+          - {name: test/both, source: python, entrypoint: cleveragents.examples.tools:echo,
              writes: true, side_effects: true}
-          - {name: test/put, source: python, entrypoint: examples.tools:echo,
+          - {name: test/put, source: python, entrypoint: cleveragents.examples.tools:echo,
              writes: true, idempotent: true}
-          - {name: test/count, source: python, entrypoint: examples.tools:echo,
+          - {name: test/count, source: python, entrypoint: cleveragents.examples.tools:echo,
              idempotent: true}
         """,
     )
@@ -325,24 +326,24 @@ def test_schemas_fall_back_to_the_skill_and_only_object_outputs_are_kept(
         input_schema: {type: object, properties: {q: {type: string}}}
         output_schema: {type: object, properties: {r: {type: integer}}}
         tools:
-          - {name: test/inherits, source: python, entrypoint: examples.tools:echo}
+          - {name: test/inherits, source: python, entrypoint: cleveragents.examples.tools:echo}
           - name: test/own
             source: python
-            entrypoint: examples.tools:echo
+            entrypoint: cleveragents.examples.tools:echo
             input_schema: {type: object, properties: {text: {type: string}}}
             output_schema: {type: array}
           - name: test/untyped
             source: python
-            entrypoint: examples.tools:echo
+            entrypoint: cleveragents.examples.tools:echo
             input_schema: {properties: {n: {type: integer}}}
             output_schema: {type: [object, "null"]}
           - name: test/either
             source: python
-            entrypoint: examples.tools:echo
+            entrypoint: cleveragents.examples.tools:echo
             input_schema: {type: [object, "null"], required: [n]}
           - name: test/never
             source: python
-            entrypoint: examples.tools:echo
+            entrypoint: cleveragents.examples.tools:echo
             input_schema: {type: string}
         """,
     )
@@ -402,9 +403,9 @@ def test_names_stay_unique_when_digests_clash(
         """
         skills:
           - name: org/a.b
-            tools: [{name: ns/t, source: python, entrypoint: examples.tools:echo}]
+            tools: [{name: ns/t, source: python, entrypoint: cleveragents.examples.tools:echo}]
           - name: org/a_b
-            tools: [{name: ns/t, source: python, entrypoint: examples.tools:echo}]
+            tools: [{name: ns/t, source: python, entrypoint: cleveragents.examples.tools:echo}]
         """,
     )
     real = mcp_module._digest
@@ -456,7 +457,7 @@ def test_an_unresolvable_skill_exits_1_and_others_still_export(tmp_path: Path) -
           - name: local/b
             includes: [local/a]
           - name: local/fine
-            tools: [{name: local/t, source: python, entrypoint: examples.tools:echo}]
+            tools: [{name: local/t, source: python, entrypoint: cleveragents.examples.tools:echo}]
         """,
     )
     done = _run("skills", "export", "--format", "mcp", "--skill", "local/a", catalogue=tmp_path)

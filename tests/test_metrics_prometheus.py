@@ -32,9 +32,10 @@ from cleveragents.metrics import (
     MetricsRecorder,
     reason_label,
 )
-from cleveragents.outcomes import failed_result
+from cleveragents.runtime.outcomes import failed_result
 from cleveragents.skills import Catalogue, SkillErrorType, SkillResult
 from cleveragents.stores import MemoryMetricStore, MetricCounts
+from cleveragents.worker.invocation_report import catalogue_tools
 from tests.procs import (
     EXAMPLE_SKILLS,
     FIXTURE_SKILLS,
@@ -46,7 +47,6 @@ from tests.procs import (
     wait_until,
 )
 from tests.prom import Samples, exporter_env, scrape, scrape_text, total, value
-from worker.observe import catalogue_tools
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ def _python_tool(**overrides: Any) -> dict[str, Any]:
     return {
         "name": "local/word-count",
         "source": "python",
-        "entrypoint": "examples.tools:word_count",
+        "entrypoint": "cleveragents.examples.tools:word_count",
         **overrides,
     }
 
@@ -23,7 +23,7 @@ def _command_tool(**overrides: Any) -> dict[str, Any]:
     return {
         "name": "local/line-stats",
         "source": "command",
-        "command": ["python3", "-m", "examples.line_stats"],
+        "command": ["python3", "-m", "cleveragents.examples.line_stats"],
         **overrides,
     }
 
@@ -55,7 +55,7 @@ def test_tool_names_must_be_namespaced(name: str) -> None:
 
 @pytest.mark.parametrize(
     "entrypoint",
-    ["examples.tools:word_count", "tools:f", "a.b.c:Klass.method"],
+    ["cleveragents.examples.tools:word_count", "tools:f", "a.b.c:Klass.method"],
 )
 def test_python_entrypoints_of_the_form_module_function_are_accepted(entrypoint: str) -> None:
     assert ToolSpec.model_validate(_python_tool(entrypoint=entrypoint)).entrypoint == entrypoint
@@ -84,7 +84,7 @@ def test_a_command_tool_needs_a_non_empty_argv(command: list[str] | None) -> Non
 
 def test_a_command_tool_may_not_set_an_entrypoint() -> None:
     with pytest.raises(ValidationError, match="entrypoint"):
-        ToolSpec.model_validate(_command_tool(entrypoint="examples.tools:echo"))
+        ToolSpec.model_validate(_command_tool(entrypoint="cleveragents.examples.tools:echo"))
 
 
 def test_source_is_python_or_command() -> None:

@@ -1,4 +1,4 @@
-"""The worker's patches of third-party internals (worker/patches/).
+"""The worker's patches of third-party internals (cleveragents/broker/patches/).
 
 Each "upstream still ..." test pins the upstream behaviour a patch works around: it
 fails once kombu or Celery changes it, which is the moment to re-check the patch
@@ -22,8 +22,14 @@ from celery.app import trace
 from celery.utils.saferepr import saferepr
 from kombu.transport import redis as kombu_redis
 
-from worker import patches
-from worker.patches import Patch, PatchRefused, kombu_connparams, result_repr, success_log
+from cleveragents.broker import patches
+from cleveragents.broker.patches import (
+    Patch,
+    PatchRefused,
+    kombu_connparams,
+    result_repr,
+    success_log,
+)
 
 #: kombu's Redis channel class, untyped: the patch is of its private ``_connparams``.
 CHANNEL: Any = kombu_redis.Channel

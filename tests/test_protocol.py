@@ -36,7 +36,8 @@ from cleveragents.skills import (
 
 def _tool(name: str, *, source: str = "python", **flags: Any) -> ToolSpec:
     if source == "python":
-        return ToolSpec(name=name, source="python", entrypoint="examples.tools:echo", **flags)
+        entrypoint = "cleveragents.examples.tools:echo"
+        return ToolSpec(name=name, source="python", entrypoint=entrypoint, **flags)
     return ToolSpec(name=name, source="command", command=["python3", "-c", "pass"], **flags)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import kombu
 import pytest
 
-from cleveragents.celery_settings import celery_settings
+from cleveragents.broker.celery_settings import celery_settings
 from cleveragents.client import SkillClient
 from cleveragents.constants import (
     DELIVERY_LIMIT,
@@ -28,7 +28,7 @@ from cleveragents.constants import (
     QUEUE_READ,
     QUEUE_WRITE,
 )
-from cleveragents.guard import MAX_ATTEMPTS
+from cleveragents.pipeline.guard import MAX_ATTEMPTS
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType
 from tests.fault_rig import (
@@ -100,10 +100,10 @@ def test_every_process_declares_the_same_four_quorum_queues(read_only: bool) -> 
 
 def test_workers_leave_out_celerys_native_delayed_delivery() -> None:
     # On quorum queues Celery would declare 28 exchanges and 28 quorum queues per virtual
-    # host for messages with an ETA; no skill message has one (worker/admission.py).
+    # host for messages with an ETA; no skill message has one (cleveragents/worker/admission.py).
     from celery.worker.consumer import Consumer
 
-    from worker.consumer import SkillConsumer
+    from cleveragents.worker.consumer import SkillConsumer
 
     step = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
     assert step in Consumer.Blueprint.default_steps, "Celery renamed the step: update the filter"

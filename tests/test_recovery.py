@@ -1,4 +1,4 @@
-"""Recovery bounded by liveness, not by tool length (cleveragents/redis_transport.py).
+"""Recovery bounded by liveness, not by tool length (cleveragents/broker/redis/transport.py).
 
 A worker killed whole (SIGKILL of its process group, a lost machine) leaves its
 messages unacknowledged in Redis. Every worker beats, every delivery records which
@@ -30,12 +30,12 @@ from kombu import Consumer as KombuConsumer
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cleveragents.celery_settings import REDIS_TRANSPORT, celery_settings, consumer_transport
+from cleveragents.broker.celery_settings import REDIS_TRANSPORT, celery_settings, consumer_transport
+from cleveragents.broker.redis.fetch import FETCH_LUA, door_key, fetch_command
+from cleveragents.broker.redis.liveness import Heartbeat, RecoveryTiming, alive_key
+from cleveragents.broker.redis.transport import Channel, QoS
 from cleveragents.constants import HELD_KEY, REAPER_KEY
 from cleveragents.errors import ConfigurationError
-from cleveragents.liveness import Heartbeat, RecoveryTiming, alive_key
-from cleveragents.redis_fetch import FETCH_LUA, door_key, fetch_command
-from cleveragents.redis_transport import Channel, QoS
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType
 from tests.fault_rig import READ, WRITE, reason, rig

@@ -32,17 +32,17 @@ from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
-from cleveragents.binding import content_digest
-from cleveragents.celery_settings import celery_settings
+from cleveragents.broker.celery_settings import celery_settings
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_READ, TASK_INVOKE
+from cleveragents.messages import result_payload
 from cleveragents.metrics import MetricsRecorder, render
-from cleveragents.outcomes import failed_result
+from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.gating import GATE_REQUEST
+from cleveragents.runtime.outcomes import failed_result
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, SkillResult
 from cleveragents.stores import Claim, RedisGuardStore, StartedMark, open_stores
-from cleveragents.wire import result_payload
 from tests.composefile import (
     REDIS_ADMIN,
     REDIS_USERS,

@@ -17,13 +17,13 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from cleveragents.binding import REASON_REUSED, content_digest
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_BATCH, QUEUE_READ, TASK_INVOKE, TASK_INVOKE_CHUNK
-from cleveragents.guard import Guard
-from cleveragents.outcomes import failed_result
 from cleveragents.pipeline import Pipeline, execute_chunk
+from cleveragents.pipeline.binding import REASON_REUSED, content_digest
+from cleveragents.pipeline.guard import Guard
 from cleveragents.runtime.gating import GATE_REQUEST
+from cleveragents.runtime.outcomes import failed_result
 from cleveragents.skills import Catalogue, SkillErrorType, SkillResult
 from cleveragents.stores import MemoryGuardStore, MemoryResultStore
 from tests.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, Worker, wait_until

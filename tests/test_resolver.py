@@ -31,7 +31,8 @@ from cleveragents.skills import (
 
 
 def _tool(name: str, **flags: Any) -> ToolSpec:
-    return ToolSpec(name=name, source="python", entrypoint="examples.tools:echo", **flags)
+    entrypoint = "cleveragents.examples.tools:echo"
+    return ToolSpec(name=name, source="python", entrypoint=entrypoint, **flags)
 
 
 def _skill(

@@ -16,8 +16,12 @@ import pytest
 import redis
 from celery import Celery, states
 
+from cleveragents.broker.redis.result_backend import (
+    BACKEND_CLASS,
+    RedisBackend,
+    worker_result_backend,
+)
 from cleveragents.pipeline import Pipeline
-from cleveragents.result_backend import BACKEND_CLASS, RedisBackend, worker_result_backend
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import StartedMark, open_stores

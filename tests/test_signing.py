@@ -36,11 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from kombu.serialization import registry  # type: ignore[attr-defined]
 
-from cleveragents.client import SkillClient
-from cleveragents.constants import QUEUE_READ, TASK_INVOKE
-from cleveragents.errors import ConfigurationError
-from cleveragents.settings import SIGNING_VARIABLES, MessageSigning, Settings
-from cleveragents.signing import (
+from cleveragents.broker.signing import (
     DIGEST,
     ENVELOPE_SEPARATOR,
     SIGNED_CONTENT_TYPE,
@@ -48,6 +44,10 @@ from cleveragents.signing import (
     check_signing,
     register_signing,
 )
+from cleveragents.client import SkillClient
+from cleveragents.constants import QUEUE_READ, TASK_INVOKE
+from cleveragents.errors import ConfigurationError
+from cleveragents.settings import SIGNING_VARIABLES, MessageSigning, Settings
 from cleveragents.skills import SkillErrorType
 from tests.procs import REPO, Worker
 

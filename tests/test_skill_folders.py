@@ -113,7 +113,7 @@ tools:
   - name: twins/{side}-count
     description: a module of the worker's environment, as before
     source: python
-    entrypoint: examples.tools:word_count
+    entrypoint: cleveragents.examples.tools:word_count
 """,
         "tools.py": f'''\
 import helpers

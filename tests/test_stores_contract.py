@@ -19,9 +19,10 @@ import pytest
 import redis
 from celery import Celery
 
-from cleveragents.error_types import SkillErrorType
-from cleveragents.outcomes import failed_result
+from cleveragents.errors import SkillErrorType
+from cleveragents.messages import result_from_stored, result_payload
 from cleveragents.runtime.gating import GATE_REQUEST
+from cleveragents.runtime.outcomes import failed_result
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from cleveragents.stores import (
@@ -37,7 +38,6 @@ from cleveragents.stores import (
     Stores,
     open_stores,
 )
-from cleveragents.wire import result_from_stored, result_payload
 
 #: "redis-worker": a worker's stores, which write many results with one script.
 KINDS = ["memory", "file", "redis", "redis-worker"]

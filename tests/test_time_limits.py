@@ -11,14 +11,14 @@ from billiard.exceptions import TimeLimitExceeded
 
 from cleveragents.constants import HARD_LIMIT_GRACE_S, TASK_INVOKE, TASK_INVOKE_CHUNK
 from cleveragents.errors import ConfigurationError
-from cleveragents.guard import CLAIM_GRACE_S
+from cleveragents.messages import result_from_stored
 from cleveragents.pipeline import chunk
 from cleveragents.pipeline.chunk import STAY_S, TAIL_S
+from cleveragents.pipeline.guard import CLAIM_GRACE_S
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, ToolSpec
-from cleveragents.wire import result_from_stored
+from cleveragents.worker.time_limits import chunk_budget_s, hard_limit_s, invocation_budget_s
 from tests.fixtures.catalogues import SKILL, single
-from worker.time_limits import chunk_budget_s, hard_limit_s, invocation_budget_s
 
 CATALOGUE = single(
     ToolSpec(name="test/quick", source="python", entrypoint="m:f", timeout_s=2),

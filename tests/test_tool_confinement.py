@@ -314,7 +314,8 @@ def _python_for(user: ToolUser) -> str:
 @pytest.mark.parametrize("closed", [True, False], ids=["non-dumpable", "control"])
 def test_a_non_dumpable_process_keeps_its_environment_from_its_own_user(closed: bool) -> None:
     # Given a process of an ordinary user holding a secret in its environment (the compose
-    # file's worker), made non-dumpable by worker/closed.py, or not (the control)
+    # file's worker), made non-dumpable by cleveragents/worker/process_privacy.py, or not (the
+    # control)
     program = (
         "import importlib.util, sys, time\n"
         f"spec = importlib.util.spec_from_file_location('closed', {str(REPO / 'worker' / 'closed.py')!r})\n"  # noqa: E501

@@ -1,4 +1,4 @@
-"""Text UTF-8 can hold: lone surrogates found, replaced, escaped (``cleveragents/utf8.py``)."""
+"""Text UTF-8 can hold: lone surrogates found, replaced, escaped (``runtime/text.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cleveragents.utf8 import (
+from cleveragents.runtime.text import (
     holds_lone_surrogate,
     json_text,
     lone_surrogate,

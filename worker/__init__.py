@@ -1,28 +1,11 @@
-"""The Celery application: ``celery -A worker worker`` starts a skill worker.
+"""The Celery entry point of a checkout: ``celery -A worker worker`` starts a skill worker.
 
-Settings come from ``celeryconfig`` (the environment), read when the app first
-needs them. Folders, patches of third-party internals and the catalogue are set up
-when a worker starts (``worker.signals``), never at import and never in Flower's
-or another command's process. Two things are not: Flower's default columns
-(``worker.flower_columns``), set at import since Flower can only take them from
-the environment, and message signing (``worker.signing``), turned on when the
-configuration is read in every process of the app, since remote control is signed
-too.
+The application lives in the package (``cleveragents.worker``); an installed
+wheel starts it with ``cleveragents worker`` or ``celery -A cleveragents.worker worker``.
 """
 
 from __future__ import annotations
 
-from celery import Celery
-
-from worker import flower_columns, signing
+from cleveragents.worker import app
 
 __all__ = ["app"]
-
-flower_columns.set_default()
-
-app = Celery("cleveragents", include=["tasks.invoke", "tasks.batch"])
-app.config_from_object("celeryconfig")
-# Message signing, when configured, in every process that reads the configuration.
-app.on_after_configure.connect(signing.sign_when_configured, weak=False)
-
-from worker import signals as _signals  # noqa: E402,F401  (connects start-up hooks)

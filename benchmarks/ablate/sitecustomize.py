@@ -9,7 +9,7 @@ measure what each promise costs. Without ``BENCH_ABLATE`` it does nothing; it is
 on the path of a normal run.
 
 ``bind``      no id binding: neither the producer nor the worker binds a request id to
-              its content (``cleveragents.binding``), so a reused id is not caught
+              its content (``cleveragents.pipeline.binding``), so a reused id is not caught
 ``lookups``   no stored-result lookups: a chunk runs every line, even one a
               redelivery finished, and the producer's resume finds nothing
 ``schema``    no JSON Schema validation of arguments and outputs
@@ -54,7 +54,7 @@ def _patches(wanted: set[str]) -> dict[str, list[object]]:
         "lookups": [("cleveragents.stores.results", no_lookups)],
         "schema": [("cleveragents.runtime.invoke", no_schema)],
         "deadline": [("cleveragents.runtime.python_tool", no_deadline)],
-        "observe": [("worker.observe", no_observer)],
+        "observe": [("cleveragents.worker.invocation_report", no_observer)],
     }
     out: dict[str, list[object]] = {}
     for name in wanted:

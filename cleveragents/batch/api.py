@@ -13,11 +13,11 @@ from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.runner import BatchRunner, invalid_payload, reused_payload
 from cleveragents.batch.source import BatchItem
 from cleveragents.errors import SchemaValidationError
+from cleveragents.messages import ChunkContext
 from cleveragents.runtime.invoke import parse_request
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore
-from cleveragents.wire import ChunkContext
 
 __all__ = [
     "BatchProducer",

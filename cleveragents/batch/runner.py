@@ -16,13 +16,13 @@ from typing import Any
 
 from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.source import BatchItem
-from cleveragents.binding import reused_result
 from cleveragents.constants import MAX_CHUNK_BYTES
-from cleveragents.error_types import SkillErrorType
-from cleveragents.outcomes import failed_result
+from cleveragents.errors import SkillErrorType
+from cleveragents.messages import ChunkContext, request_payload, result_payload
+from cleveragents.pipeline.binding import reused_result
+from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.stores import ResultStore
-from cleveragents.wire import ChunkContext, request_payload, result_payload
 
 #: Binds requests' ids to their content; True where an id was bound to other content.
 BindIds = Callable[[Sequence[SkillInvocationRequest]], list[bool]]

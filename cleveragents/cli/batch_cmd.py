@@ -23,14 +23,14 @@ from rich.table import Table
 
 from cleveragents.batch.api import batch_results, batch_status, run_many, submit_batch
 from cleveragents.batch.source import BatchItem, read_jsonl
-from cleveragents.cli.reach import cli_client
+from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.render import CliFailure, err_console, print_json
 from cleveragents.cli.submit_cmd import local_worker_if_embedded
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.embedded.withdraw import withdraw
+from cleveragents.runtime.text import json_text
 from cleveragents.settings import Settings
-from cleveragents.utf8 import json_text
 
 __all__ = ["batch"]
 

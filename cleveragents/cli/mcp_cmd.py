@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from cleveragents.cli.reach import require_reachable
+from cleveragents.cli.broker_check import require_reachable
 from cleveragents.cli.render import CliFailure
 from cleveragents.settings import Settings
 from cleveragents.skills.model import NAME_PATTERN

@@ -8,10 +8,10 @@ from typing import Any
 import click
 import redis
 
+from cleveragents.broker.rabbitmq import RabbitQueues, uses_amqp
 from cleveragents.cli.render import CliFailure
 from cleveragents.constants import QUEUE_DEAD
 from cleveragents.metrics import QUEUES, QueueGauges, render
-from cleveragents.rabbitmq import RabbitQueues, uses_amqp
 from cleveragents.settings import Settings
 
 __all__ = ["metrics"]

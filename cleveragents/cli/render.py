@@ -9,7 +9,7 @@ import click
 from pydantic import BaseModel
 from rich.console import Console
 
-from cleveragents.utf8 import json_text
+from cleveragents.runtime.text import json_text
 
 __all__ = ["CliFailure", "console", "err_console", "print_json", "to_jsonable"]
 

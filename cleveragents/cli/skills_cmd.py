@@ -11,8 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cleveragents.cli.render import CliFailure, console, err_console, print_json
-from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import SkillNotFoundError, SkillResolutionError
+from cleveragents.errors import SkillErrorType, SkillNotFoundError, SkillResolutionError
 from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.runtime.validation import schema_problem
 from cleveragents.settings import Settings, tool_kind_modules

@@ -9,19 +9,19 @@ from typing import Any
 
 import click
 
-from cleveragents.binding import RequestIdReused
-from cleveragents.cli.reach import cli_client
+from cleveragents.cli.broker_check import cli_client
+from cleveragents.cli.failure_text import failure_lines
 from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import UNKNOWN, SkillClient
 from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.errors import SchemaValidationError
-from cleveragents.hints import failure_lines
+from cleveragents.messages import result_payload
+from cleveragents.pipeline.binding import RequestIdReused
 from cleveragents.runtime.invoke import read_json
+from cleveragents.runtime.text import json_text
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
-from cleveragents.utf8 import json_text
-from cleveragents.wire import result_payload
 
 __all__ = ["result", "submit"]
 

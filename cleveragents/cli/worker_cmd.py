@@ -1,4 +1,4 @@
-"""``cleveragents worker``: the same as ``celery -A worker worker``."""
+"""``cleveragents worker``: the same as ``celery -A cleveragents.worker worker``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 
 import click
 
+from cleveragents.broker.signing import check_signing
 from cleveragents.embedded.runner import worker_command
 from cleveragents.settings import Settings
-from cleveragents.signing import check_signing
 
 __all__ = ["worker"]
 
@@ -20,7 +20,7 @@ __all__ = ["worker"]
 )
 @click.argument("celery_options", nargs=-1, type=click.UNPROCESSED)
 def worker(celery_options: tuple[str, ...]) -> None:
-    """Start a worker; every option is passed to `celery -A worker worker`.
+    """Start a worker; every option is passed to `celery -A cleveragents.worker worker`.
 
     `--log-format json` (ours) makes every log line one JSON object. Without
     `--loglevel` the worker logs at INFO, which includes one line per invocation.

@@ -72,7 +72,7 @@ def _start_watch(**_: Any) -> None:
 def __getattr__(name: str) -> Celery:
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from worker import app
+    from cleveragents.worker import app
 
     worker_ready.connect(_start_watch, dispatch_uid="cleveragents-local-worker-watch")
     return app

@@ -51,7 +51,7 @@ LOCAL_APP = "cleveragents.embedded.app"
 LOCAL_WORKER_ENV = "CLEVERAGENTS_LOCAL_WORKER"
 
 
-def worker_command(*extra: str, app: str = "worker") -> list[str]:
+def worker_command(*extra: str, app: str = "cleveragents.worker") -> list[str]:
     """``celery -A worker worker`` run by this interpreter, with extra options."""
     return [sys.executable, "-m", "celery", "-A", app, "worker", *extra]
 

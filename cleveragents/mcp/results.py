@@ -20,12 +20,12 @@ from typing import Any
 
 from mcp import types
 
-from cleveragents.error_types import SkillErrorType
+from cleveragents.errors import SkillErrorType
 from cleveragents.mcp.naming import ToolRoute
-from cleveragents.outcomes import failed_result
+from cleveragents.runtime.outcomes import failed_result
+from cleveragents.runtime.text import json_text
 from cleveragents.skills import SkillResult
 from cleveragents.skills.mcp import META_PREFIX
-from cleveragents.utf8 import json_text
 
 __all__ = ["META_ERROR", "META_REQUEST_ID", "call_result", "revoked_result", "writes_refused"]
 

@@ -43,12 +43,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cleveragents.binding import content_digest, reused_result
 from cleveragents.constants import MAX_CHUNK_ITEMS
-from cleveragents.outcomes import text_field
+from cleveragents.pipeline.binding import content_digest, reused_result
 from cleveragents.pipeline.invocation import Pipeline
+from cleveragents.runtime.outcomes import text_field
+from cleveragents.runtime.text import lone_surrogate
 from cleveragents.skills import SkillResult
-from cleveragents.utf8 import lone_surrogate
 
 __all__ = [
     "FIRST_GROUP",
@@ -262,7 +262,7 @@ class _Slice:
         return through
 
     def _bound_elsewhere(self, bodies: Sequence[Any], ids: list[str]) -> set[str]:
-        """Ids bound to other content: run nothing, store nothing (``cleveragents.binding``)."""
+        """Ids bound to other content: run nothing, store nothing (``pipeline/binding.py``)."""
         known = [
             (rid, body, content_digest(body)) for rid, body in zip(ids, bodies, strict=True) if rid
         ]

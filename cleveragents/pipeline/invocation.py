@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleveragents.binding import content_digest, reused_result
-from cleveragents.guard import Guard
+from cleveragents.pipeline.binding import content_digest, reused_result
+from cleveragents.pipeline.guard import Guard
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
 from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite

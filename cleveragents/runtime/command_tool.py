@@ -42,8 +42,8 @@ from cleveragents.errors import (
 from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
 from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
+from cleveragents.runtime.text import strings_in
 from cleveragents.skills import ToolSpec
-from cleveragents.strings_in import strings_in
 
 __all__ = [
     "BASE_ENV",

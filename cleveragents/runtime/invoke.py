@@ -10,15 +10,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from cleveragents.constants import MAX_NESTING_DEPTH, MAX_REQUEST_BYTES
-from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import SchemaValidationError, ToolExecutionError, ToolOutputTooLarge
-from cleveragents.outcomes import failed_result, failed_with, names_of
+from cleveragents.errors import (
+    SchemaValidationError,
+    SkillErrorType,
+    ToolExecutionError,
+    ToolOutputTooLarge,
+)
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
 from cleveragents.runtime.kinds import run_tool
 from cleveragents.runtime.limits import MAX_OUTPUT_BYTES, default_output_limit, output_limit
+from cleveragents.runtime.outcomes import failed_result, failed_with, names_of
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.runtime.text import holds_lone_surrogate, lone_surrogate
 from cleveragents.runtime.validation import validate
 from cleveragents.skills import (
     Catalogue,
@@ -29,7 +34,6 @@ from cleveragents.skills import (
     ToolSpec,
     map_tool_error,
 )
-from cleveragents.utf8 import holds_lone_surrogate, lone_surrogate
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

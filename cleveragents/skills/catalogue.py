@@ -7,8 +7,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cleveragents.error_types import SkillErrorType
-from cleveragents.errors import ResolutionFailure, SkillNotFoundError, SkillResolutionError
+from cleveragents.errors import (
+    ResolutionFailure,
+    SkillErrorType,
+    SkillNotFoundError,
+    SkillResolutionError,
+)
 from cleveragents.skills.loader import iter_skill_files, load_file
 from cleveragents.skills.model import ResolvedToolEntry, Skill
 from cleveragents.skills.protocol import SkillDefinition, SkillMetadata

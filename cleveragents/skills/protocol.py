@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cleveragents.error_types import SkillErrorType
+from cleveragents.errors import SkillErrorType
 from cleveragents.skills.model import (
     ResolvedToolEntry,
     Skill,

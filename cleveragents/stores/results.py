@@ -13,15 +13,15 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from cleveragents.runtime.gating import GATE_REQUEST
-from cleveragents.skills import SkillResult
-from cleveragents.wire import (
+from cleveragents.messages import (
     WIRE_MODULE,
     SkillInvocationFailed,
     failure_summary,
     result_payload,
     stored_payload,
 )
+from cleveragents.runtime.gating import GATE_REQUEST
+from cleveragents.skills import SkillResult
 
 __all__ = ["KeyValueResults", "payload_of", "refused_for_writes", "stored_meta"]
 

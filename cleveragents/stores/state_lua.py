@@ -1,6 +1,6 @@
 """The Lua that stores a Celery task state without overwriting a finished one.
 
-Shared by the worker's result backend (``cleveragents.result_backend``: every state
+Shared by the worker's result backend (``cleveragents.broker.redis.result_backend``: every state
 a task stores) and the guard store's bind-and-start script (``stores/redis.py``: a
 first delivery's ``STARTED``), so that both keep the same rule: a stored
 ``SUCCESS`` is never overwritten, and where asked, neither is a ``FAILURE``.

@@ -1,0 +1,280 @@
+"""The Celery settings of a ``Settings`` (SPEC section 7), each commented with why.
+
+``celery_settings`` is pure: it creates no folder and changes no global. The worker
+app applies it through ``celeryconfig``; a producer's ``SkillClient`` applies it to
+its own app. The folders it names are created by ``embedded.folders.create_folders``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from kombu import Exchange, Queue
+
+from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
+from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
+from cleveragents.broker.redis.liveness import RecoveryTiming
+from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
+from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
+from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
+from cleveragents.settings import MessageSigning, Settings
+
+__all__ = [
+    "EMBEDDED_SCHEME",
+    "EMBEDDED_TRANSPORT",
+    "REDIS_TRANSPORT",
+    "celery_settings",
+    "consumer_transport",
+]
+
+#: URL scheme of the embedded on-disk broker.
+EMBEDDED_SCHEME = "cleveragentsfs"
+#: The embedded broker's kombu transport, named by its class path.
+EMBEDDED_TRANSPORT = "cleveragents.embedded.transport:Transport"
+#: The Redis broker's kombu transport (recovery bounded by liveness), by class path.
+REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
+#: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.
+REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
+
+
+def celery_settings(settings: Settings) -> dict[str, Any]:
+    """The Celery settings for ``settings``, as a dict of lower-case Celery names."""
+    transport = _embedded(settings) if settings.embedded else _server(settings)
+    return {**_common(settings), **transport}
+
+
+def _embedded(settings: Settings) -> dict[str, Any]:
+    folders = EmbeddedFolders.under(settings.home)
+    return {
+        "broker_url": f"{EMBEDDED_SCHEME}://",
+        # kombu's filesystem transport with atomic writes (cleveragents/embedded/
+        # transport.py), given by class path: kombu's global table of transport
+        # aliases stays as kombu shipped it.
+        "broker_transport": EMBEDDED_TRANSPORT,
+        "result_backend": settings.result_backend or folders.results_url,
+        "broker_transport_options": {
+            # One folder in and out: producer and worker are on one machine.
+            "data_folder_in": str(folders.queue),
+            "data_folder_out": str(folders.queue),
+            "control_folder": str(folders.control),
+            # 50 ms instead of kombu's 1 s default: round trips of ~50 ms, not ~1 s.
+            "polling_interval": 0.05,
+        },
+        # The filesystem transport keeps an event file per event until a monitor
+        # reads it, and no Flower watches the embedded default: no events there.
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        # Broadcast (remote control, mingle, gossip) writes into the control folder
+        # of every worker for ever; the embedded default has one local worker.
+        "worker_enable_remote_control": False,
+    }
+
+
+def _server(settings: Settings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.broker_url or "",
+        "result_backend": settings.result_backend or _default_backend(settings),
+        **(_amqp(settings) if uses_amqp(settings) else _redis(settings)),
+        # Flower and `celery events` show every invocation: events on, and a
+        # "sent" event so a waiting invocation is visible before a worker takes it.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+    }
+
+
+def _default_backend(settings: Settings) -> str:
+    # Results go to the broker's Redis; with another broker (RabbitMQ) and no backend
+    # configured, to the embedded on-disk store (one machine), as SPEC section 7 says.
+    if uses_redis(settings):
+        return settings.broker_url or ""
+    return EmbeddedFolders.under(settings.home).results_url
+
+
+def _amqp(settings: Settings) -> dict[str, Any]:
+    return {
+        # RabbitMQ (cleveragents/broker/rabbitmq.py): publisher confirms. The skill queues are
+        # quorum queues (_queues); Celery sees that and gives each consumer its own
+        # prefetch (quorum queues refuse a channel-wide one), so with prefetch 1 a
+        # worker holds at most `concurrency` messages of each queue it consumes.
+        "broker_transport_options": amqp_transport_options(),
+        # A worker that stops answering (a lost machine, no FIN or RST) is given up by
+        # RabbitMQ 2 to 3 heartbeats after its last word, and its messages handed to
+        # the other workers at once: within CLEVERAGENTS_RECOVERY_S, as on Redis.
+        "broker_heartbeat": heartbeat_s(settings.recovery_s),
+    }
+
+
+def _redis(settings: Settings) -> dict[str, Any]:
+    options = {"broker_transport_options": _redis_transport_options(settings)}
+    url = settings.broker_url or ""
+    scheme = url.partition("://")[0].lower()
+    if scheme not in REDIS_TRANSPORT_SCHEMES:
+        return options
+    # The transport that hands a dead worker's messages out again is a consumer's
+    # only (consumer_transport): producers, Flower and `celery inspect` keep kombu's
+    # own, whose URL scheme Flower's broker pages understand.
+    return {**options, **_rediss_default(url)}
+
+
+def consumer_transport(settings: Settings) -> str | None:
+    """The transport a worker consumes with, by class path (None: the URL's own).
+
+    For redis:// and rediss://, kombu's Redis transport with a dead worker's messages
+    handed out again within CLEVERAGENTS_RECOVERY_S (cleveragents/broker/redis/transport.py),
+    set by the worker at start (cleveragents/worker/startup.py); kombu's table of aliases stays
+    as shipped.
+    """
+    if settings.embedded:
+        return None
+    scheme = (settings.broker_url or "").partition("://")[0].lower()
+    return REDIS_TRANSPORT if scheme in REDIS_TRANSPORT_SCHEMES else None
+
+
+def _rediss_default(url: str) -> dict[str, Any]:
+    # kombu gives a rediss:// URL without ssl_* parameters its default TLS options only
+    # when the transport is *named* rediss; named by class path, it would connect
+    # without TLS. The same default, then (kombu's: certificates are not checked; put
+    # ssl_cert_reqs=required in the URL, as Celery's Redis result backend demands).
+    if not url.lower().startswith("rediss://"):
+        return {}
+    if any(name.startswith("ssl_") for name, _ in parse_qsl(urlsplit(url).query)):
+        return {}
+    return {"broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_NONE}}
+
+
+def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+    # kombu's visibility sweep ran every 1 to 10 s; the reaper of dead holders runs
+    # from the same timer, every reap_s, and the sweep keeps its own pace.
+    sweep_s = max(1, min(10, int(settings.visibility_timeout_s / 5)))
+    reap_s = RecoveryTiming.of(settings.recovery_s).reap_s
+    tick_s = min(sweep_s, reap_s)
+    return {
+        # A worker's messages are handed to another worker within this many seconds
+        # of its heartbeat stopping (cleveragents/broker/redis/transport.py, docs/guarantees.md).
+        "recovery_s": settings.recovery_s,
+        # The last resort, for a message no live worker holds: handed to another
+        # worker once unacknowledged for this long. A live worker's message is never
+        # swept, however long its tool runs.
+        "visibility_timeout": settings.visibility_timeout_s,
+        # Find dead connections to Redis before a command hangs on them.
+        "health_check_interval": 10,
+        "socket_keepalive": True,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 10,
+        "retry_on_timeout": True,
+        # Fetch from the queues in the order the worker consumes them (reads,
+        # writes, then batches) instead of round robin: when a process frees
+        # up, a waiting interactive invocation goes before the next batch slice.
+        "queue_order_strategy": "priority",
+        # kombu's timer calls the reaper and the sweep every interval, and the sweep
+        # scans every throttle-th call: interval x throttle seconds (10 x 10 by default).
+        "unacked_restore_interval": tick_s,
+        "unacked_restore_throttle": max(1, round(sweep_s / tick_s)),
+        # No message priorities are used: one Redis list per queue instead of
+        # kombu's four, so a fetch waits on 4 keys, not 16.
+        "priority_steps": [0],
+    }
+
+
+def _common(settings: Settings) -> dict[str, Any]:
+    return {
+        **_serialization(settings.signing),
+        **_delivery(settings),
+        **_resilience(),
+        # Routing: reads, writes and batches on their own queues (constants.py). A
+        # read-only worker consumes no write queue at all.
+        "task_default_queue": QUEUE_READ,
+        "task_queues": _queues(settings.read_only, quorum=uses_amqp(settings)),
+        "task_create_missing_queues": True,
+        # Do not store task arguments (they can hold secrets) beside results.
+        "result_extended": False,
+        # A tool's print() must not end up in the worker log as a warning.
+        "worker_redirect_stdouts": False,
+        # Undecodable and non-JSON messages get a validation_error result, and their
+        # bodies are never logged (cleveragents/worker/consumer.py).
+        "worker_consumer": "cleveragents.worker.consumer:SkillConsumer",
+        # UTC timestamps everywhere.
+        "enable_utc": True,
+        "timezone": "UTC",
+    }
+
+
+def _serialization(signing: MessageSigning | None) -> dict[str, Any]:
+    plain = {
+        # JSON only, never pickle: a producer must not be able to make a worker
+        # unpickle (and so run) anything. Results and events are JSON too.
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+    }
+    if signing is None:
+        return plain
+    return {
+        **plain,
+        # Signed (docs/security.md): Celery's auth serializer signs the JSON body of
+        # every task and remote-control message with this process's key, and only
+        # messages that a certificate of the store verifies are decoded. Results and
+        # events stay plain JSON (above): the result backend is not signed.
+        "task_serializer": SIGNED_SERIALIZER,
+        "accept_content": [SIGNED_SERIALIZER],
+        "security_key": str(signing.key),
+        "security_certificate": str(signing.certificate),
+        "security_cert_store": signing.cert_store,
+        "security_digest": DIGEST,
+    }
+
+
+def _delivery(settings: Settings) -> dict[str, Any]:
+    return {
+        # A STARTED state tells a producer its invocation is running, not queued.
+        "task_track_started": True,
+        # Ack after the tool ran, and give the message back if the worker process
+        # dies mid-tool, so that no accepted invocation is lost (docs/guarantees.md
+        # says how a write-capable tool is kept from running twice).
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # Tools take milliseconds to minutes: a worker process reserves one message
+        # at a time, so a long tool never holds short ones hostage in its buffer.
+        # Small tools get their throughput from the batch path, many per message.
+        "worker_prefetch_multiplier": 1,
+        # Results live long enough for a batch to be resumed, then expire.
+        "result_expires": settings.result_expires_s,
+    }
+
+
+def _resilience() -> dict[str, Any]:
+    return {
+        # Keep working through broker and backend hiccups instead of failing tasks:
+        # a producer retries a publish for about a minute (a Redis restart), not 0.6 s.
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {
+            "max_retries": 40,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 20,
+        "redis_backend_health_check_interval": 10,
+        "redis_socket_keepalive": True,
+        "redis_retry_on_timeout": True,
+    }
+
+
+def _queues(read_only: bool, *, quorum: bool = False) -> list[Queue]:
+    everything = [QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE]
+    if quorum:
+        # RabbitMQ: quorum queues with a delivery limit and a dead-letter queue. All four
+        # in every process, read-only or not: RabbitMQ refuses a second declaration of a
+        # queue with other arguments (Celery would declare a missing one as classic).
+        # A read-only worker leaves the write queues at start (cleveragents/worker/consumer.py).
+        return [skill_queue(name) for name in everything]
+    names = [QUEUE_READ, QUEUE_BATCH] if read_only else everything
+    # One direct exchange per queue, named after it: a message goes exactly where sent.
+    return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in names]

@@ -1,0 +1,36 @@
+"""What a patch is: the change, the release series it fits, what skipping it costs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cleveragents.errors import ConfigurationError
+
+__all__ = ["Patch", "PatchRefused", "written_for"]
+
+
+class PatchRefused(ConfigurationError):
+    """Raised when a patch the worker cannot do without does not fit the installed library."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch: what it changes, the release series it fits, what skipping it costs."""
+
+    #: The module that holds it (``cleveragents.broker.patches.…``).
+    name: str
+    #: The distribution it patches, and the release series (major.minor) it fits.
+    distribution: str
+    series: str
+    #: Applies the patch; idempotent.
+    install: Callable[[], None]
+    #: What the worker loses without it (said in the warning or the refusal).
+    without_it: str
+    #: True: a worker whose library is of another series does not start.
+    required: bool = False
+
+
+def written_for(patch: Patch, installed: str) -> bool:
+    """True when ``installed`` (a version string) is of the series ``patch`` was written for."""
+    return installed.split(".")[:2] == patch.series.split(".")

@@ -1,0 +1,212 @@
+"""Who holds which message, and whether they are still alive: recovery bounded by liveness.
+
+kombu's Redis transport keeps every message a worker has taken, and not yet
+acknowledged, in its ``unacked`` hash, and hands it out again only once the
+visibility timeout has passed, which must outlast the longest tool run: a worker
+killed whole stalls its invocations for that long. Here (as in Dramatiq's Redis
+broker and Sidekiq Pro's super_fetch) recovery is bounded by liveness instead:
+
+* **Holders.** Every consuming channel of a worker is a holder with an id of its
+  own (``host:pid:random``). Each delivery records its holder beside kombu's
+  record (``HELD_KEY``: delivery tag -> holder), in the same ``MULTI``.
+* **Heartbeats.** A thread of the worker's process (its main process, the one
+  that consumes; not blocked by tools) sets ``ALIVE_KEY_PREFIX + holder`` for each
+  of its holders every ``beat_s``, expiring after ``ttl_s``: several missed beats.
+* **The reaper.** Every ``reap_s`` one worker (a lock) gives back each message
+  whose holder's key has expired, as kombu restores one (marked redelivered, so
+  that the guard counts the delivery). A message whose holder is alive is never
+  handed out again, however long its tool runs: kombu's visibility-timeout sweep
+  passes it by (``cleveragents.broker.redis.transport``).
+
+A worker's reaper acts only once its own beats have succeeded for a whole
+``ttl_s``: after a Redis outage, or a restart from its append-only file with
+every heartbeat expired, live holders beat again before anyone judges them.
+
+This module is the liveness part (timing, holder ids, the heartbeat); the kombu
+side is ``cleveragents.broker.redis.transport``. Nothing happens at import: a process
+starts beating when it first consumes with acknowledgements.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from cleveragents.constants import ALIVE_KEY_PREFIX
+
+__all__ = ["Heartbeat", "RecoveryTiming", "alive_key", "new_holder_id", "process_heartbeat"]
+
+log = logging.getLogger("cleveragents.recovery")
+
+
+@dataclass(frozen=True)
+class RecoveryTiming:
+    """The heartbeat's and the reaper's periods for a recovery time R.
+
+    A holder is seen dead ``ttl_s`` (R/2, five beats) after its last beat, and a
+    reaper looks every ``reap_s`` (R/10; the lock may make the next one wait as
+    long): what it held is given back within about 0.7 R of its death. That
+    leaves 0.3 R for a new worker to start, when no other is left: it must beat for
+    ``ttl_s`` itself before it judges anyone.
+    """
+
+    recovery_s: float
+    ttl_s: float
+    beat_s: float
+    reap_s: float
+
+    @classmethod
+    def of(cls, recovery_s: float) -> RecoveryTiming:
+        """The timing for a recovery time of ``recovery_s`` seconds."""
+        return cls(recovery_s, recovery_s / 2, recovery_s / 10, recovery_s / 10)
+
+    @property
+    def ttl_ms(self) -> int:
+        """``ttl_s`` in whole milliseconds (Redis ``PX``)."""
+        return max(1, round(self.ttl_s * 1000))
+
+
+def alive_key(holder: str) -> str:
+    """The heartbeat key of ``holder``."""
+    return f"{ALIVE_KEY_PREFIX}{holder}"
+
+
+def new_holder_id() -> str:
+    """A new holder id: this host and process, and a random part (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Heartbeat:
+    """One process's heartbeat: a thread that keeps its holders' keys alive.
+
+    ``steady()`` says whether its beats have succeeded for the last ``ttl_s``;
+    only then may this process judge other holders dead.
+    """
+
+    def __init__(self, client: redis.Redis, timing: RecoveryTiming) -> None:
+        self.client = client
+        self.timing = timing
+        self._lock = threading.Lock()
+        self._holders: set[str] = set()
+        self._retired: set[str] = set()
+        self._pid = os.getpid()
+        self._ok_since: float | None = None
+        self._last_ok = float("-inf")
+        self._failing = False
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, holder: str) -> None:
+        """Beat for ``holder`` from now on (and start beating, the first time)."""
+        with self._lock:
+            self._holders.add(holder)
+            self._retired.discard(holder)
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="cleveragents-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def release(self, holder: str) -> None:
+        """Stop beating for ``holder``; its key is deleted at the next beat."""
+        with self._lock:
+            if holder in self._holders:
+                self._holders.discard(holder)
+                self._retired.add(holder)
+
+    def holds(self, holder: str) -> bool:
+        """True while this process beats for ``holder``."""
+        with self._lock:
+            return holder in self._holders
+
+    def steady(self) -> bool:
+        """True when every beat of the last ``ttl_s`` succeeded, the latest one lately."""
+        now = time.monotonic()
+        since = self._ok_since
+        return (
+            since is not None
+            and now - since >= self.timing.ttl_s
+            and now - self._last_ok <= self.timing.ttl_s / 2
+        )
+
+    def beat(self) -> bool:
+        """Set every holder's key, delete released ones' keys; True when Redis took it."""
+        with self._lock:
+            holders, retired = sorted(self._holders), sorted(self._retired)
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for holder in holders:
+                    pipe.set(alive_key(holder), "1", px=self.timing.ttl_ms)
+                for holder in retired:
+                    pipe.delete(alive_key(holder))
+                if not holders and not retired:
+                    pipe.ping()  # a beat is also this process's own check of Redis
+                pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            self._ok_since = None
+            if not self._failing:
+                self._failing = True
+                log.warning("heartbeat failed, retrying every %.1fs: %s", self.timing.beat_s, exc)
+            return False
+        now = time.monotonic()
+        if self._ok_since is None:
+            self._ok_since = now
+        self._last_ok = now
+        if self._failing:
+            self._failing = False
+            log.info("heartbeat back")
+        with self._lock:
+            self._retired.difference_update(retired)
+        return True
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.beat()
+            except Exception:  # the heartbeat never dies of a bug: it logs and beats on
+                log.exception("heartbeat")
+            self._stopped.wait(self.timing.beat_s)
+
+    def stop(self) -> None:
+        """Stop beating, and delete every key of this process's holders (a clean exit).
+
+        What the holders still hold is then given back by the next reaper, at once.
+        """
+        if os.getpid() != self._pid:  # a forked child inherited this object: not its own
+            return
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(self.timing.beat_s + 1)
+        with self._lock:
+            self._retired.update(self._holders)
+            self._holders.clear()
+        self.beat()
+
+
+_process_lock = threading.Lock()
+_process: Heartbeat | None = None
+
+
+def process_heartbeat(make_client: Callable[[], redis.Redis], timing: RecoveryTiming) -> Heartbeat:
+    """This process's heartbeat, made (with ``make_client()``) on the first call in it.
+
+    One per process: holders of every channel share it, and a channel that is
+    replaced (a reconnection) does not restart it. It stops, deleting its keys,
+    when the process exits normally.
+    """
+    global _process
+    with _process_lock:
+        current = _process
+        if current is None or current._pid != os.getpid():
+            current = _process = Heartbeat(make_client(), timing)
+            atexit.register(current.stop)
+        return current

@@ -1,0 +1,105 @@
+"""Celery's Redis result backend, storing a task's state in one round trip, not two.
+
+Celery stores a state by reading the stored one first (a ``GET``: a ``SUCCESS`` is
+never overwritten, so that a lost worker's late update cannot replace a result),
+then writing it and publishing it (``SET`` and ``PUBLISH`` in a pipeline). A worker
+stores two states per invocation (``STARTED``, then the result): four round trips.
+Here one Lua script does the same check and write, atomically (no other store can
+come between the read and the write), so two; and only a finished state is
+published: a waiting ``AsyncResult.get()`` wakes only for those (it reads the stored
+state after it subscribes, so it never needs the others), and producers no longer
+decode a ``STARTED`` message per invocation. ``AsyncResult.state`` still reads
+``STARTED`` from the stored key, as before.
+
+A worker on a ``redis://`` or ``rediss://`` result backend uses it (named by class
+path before the URL, ``cleveragents/worker/startup.py``); producers, Flower and every reader keep
+Celery's own, which reads the same keys.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from celery import states
+from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.objects import cached_property
+
+from cleveragents.stores.state_lua import STORE_STATE_LUA
+
+__all__ = ["BACKEND_CLASS", "STORE_LUA", "RedisBackend", "worker_result_backend"]
+
+#: This backend's class path, as Celery's ``result_backend`` names it before a URL.
+BACKEND_CLASS = "cleveragents.broker.redis.result_backend:RedisBackend"
+
+#: KEYS[1]: the task's key. ARGV: the encoded state, its time to live in seconds (0:
+#: none), 1 to publish it. Returns 0 when a stored SUCCESS was kept, else 1.
+STORE_LUA = STORE_STATE_LUA + """
+if not store_state(KEYS[1], ARGV[1], ARGV[2], false) then
+  return 0
+end
+if ARGV[3] == '1' then
+  redis.call('PUBLISH', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+
+class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
+    """Celery's Redis result backend with a state stored in one script (module docstring)."""
+
+    # Celery's, absent from its stubs.
+    _get_result_meta: Any
+    expires: Any
+    failure_expires: Any
+
+    @cached_property
+    def _store_script(self) -> Any:
+        return self.client.register_script(STORE_LUA)
+
+    def _store_result(
+        self,
+        task_id: str,
+        result: Any,
+        state: str,
+        traceback: Any = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        key, value, ttl = self.encoded_state(task_id, result, state, traceback, request)
+        publish = state in states.READY_STATES
+        self.ensure(self._store, (key, value, ttl, publish))
+        return result
+
+    def encoded_state(
+        self, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None
+    ) -> tuple[str, str | bytes, int]:
+        """A state as it is stored: its key, its encoded meta, its time to live (s, 0: none).
+
+        Raises:
+            BackendStoreError: the encoded meta is too large for Redis.
+        """
+        meta = self._get_result_meta(
+            result=result, state=state, traceback=traceback, request=request
+        )
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
+            too_large = "value too large for Redis backend"
+            raise BackendStoreError(too_large, state=state, task_id=task_id)
+        expires = self.failure_expires if state == states.FAILURE else self.expires
+        seconds = expires.total_seconds() if hasattr(expires, "total_seconds") else expires
+        ttl = math.ceil(float(seconds)) if seconds and seconds > 0 else 0
+        return bytes_to_str(self.get_key_for_task(task_id)), value, ttl
+
+    def _store(self, key: str, value: Any, ttl: int, publish: bool) -> Any:
+        return self._store_script(keys=[key], args=[value, ttl, 1 if publish else 0])
+
+
+def worker_result_backend(url: str | None) -> str | None:
+    """The ``result_backend`` a worker sets for ``url`` (None: keep it as it is)."""
+    if not url or url.partition("://")[0].lower() not in ("redis", "rediss"):
+        return None
+    return f"{BACKEND_CLASS}+{url}"

@@ -1,0 +1,81 @@
+"""One way to build a failed ``SkillResult``, and one way to read names from an untrusted body.
+
+Every place that answers with a failure (the runtime, the guard, the consumer,
+the batch runner, the wire decoder) builds it here, so that the result's
+``skill_name``/``tool_name`` and the error's agree, and a producer's body is
+read the same way everywhere: a field that is not a string counts as ``""``.
+Text a failure echoes (a producer's names, a tool's message) that UTF-8 cannot
+hold has its lone surrogates replaced (``runtime/text.py``), so that every result can be
+stored, logged and written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cleveragents.errors import SkillErrorType
+from cleveragents.runtime.text import holds_lone_surrogate, writable, writable_value
+from cleveragents.skills.protocol import SkillError, SkillResult
+
+__all__ = ["failed_result", "failed_with", "names_of", "text_field"]
+
+
+def text_field(body: Any, name: str) -> str:
+    """``body[name]`` when ``body`` is a mapping and the value a string, else ``""``."""
+    value = body.get(name) if isinstance(body, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def names_of(body: Any) -> tuple[str, str]:
+    """The skill and tool names an untrusted request body carries (``""`` where absent)."""
+    return text_field(body, "skill"), text_field(body, "tool")
+
+
+def failed_result(
+    skill: str,
+    tool: str,
+    error_type: SkillErrorType,
+    message: str,
+    details: Mapping[str, Any] | None = None,
+    *,
+    duration_ms: float = 0.0,
+) -> SkillResult:
+    """A failed ``SkillResult`` whose error names the same skill and tool."""
+    return failed_with(
+        SkillError(
+            error_type=error_type,
+            message=message,
+            details=dict(details or {}),
+            skill_name=skill,
+            tool_name=tool or None,
+        ),
+        skill,
+        tool,
+        duration_ms=duration_ms,
+    )
+
+
+def failed_with(
+    error: SkillError, skill: str, tool: str, *, duration_ms: float = 0.0
+) -> SkillResult:
+    """A failed ``SkillResult`` carrying ``error`` as it is (its text made writable)."""
+    if holds_lone_surrogate(
+        (error.message, error.skill_name, error.tool_name, error.details, skill, tool)
+    ):
+        skill, tool = writable(skill), writable(tool)
+        error = error.model_copy(
+            update={
+                "message": writable(error.message),
+                "skill_name": writable(error.skill_name),
+                "tool_name": None if error.tool_name is None else writable(error.tool_name),
+                "details": writable_value(error.details),
+            }
+        )
+    return SkillResult(
+        skill_name=skill,
+        tool_name=tool,
+        success=False,
+        error=error,
+        duration_ms=duration_ms,
+    )

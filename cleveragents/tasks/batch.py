@@ -1,0 +1,87 @@
+"""``skills.invoke_chunk``: many invocations in one message, each with its own stored result.
+
+The pipeline (``cleveragents.pipeline.execute_chunk``) runs the chunk for one time
+slice and stores each result under its own request id; this task decodes the
+message and sends the rest of the chunk back to the end of its queue, as the
+messages the pipeline sized by time, when an interactive invocation waits for
+the process (``cleveragents/broker/interactive_waiting.py``; else the chunk runs on,
+``STAY_S`` at most).
+Flower shows the chunk by its skills and tools, batch id and item numbers
+(``chunk_repr``), its result with the counts, and each failed invocation as its
+own row (``cleveragents.tasks.events``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Task
+
+from cleveragents.broker.interactive_waiting import interactive_waiting
+from cleveragents.constants import BATCH_HEADER, QUEUE_BATCH, SENT_AT_HEADER, TASK_INVOKE_CHUNK
+from cleveragents.messages import ChunkContext, chunk_repr
+from cleveragents.pipeline import execute_chunk
+from cleveragents.tasks.events import ItemEvents
+from cleveragents.tasks.invoke import redelivered
+from cleveragents.worker import state
+from cleveragents.worker.celery_app import app
+
+__all__ = ["invoke_chunk"]
+
+
+@app.task(
+    name=TASK_INVOKE_CHUNK,
+    bind=True,
+    typing=False,
+    ignore_result=True,  # every invocation's result is stored under its own id instead
+    Request="cleveragents.tasks.task_request:RedactingRequest",
+)
+def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dict[str, Any]:
+    """Run the chunk's requests for one time slice, storing each result; requeue the rest.
+
+    Returns what Flower shows as the chunk's result: its batch and items, then what
+    the slice did (``{'batch': ID, 'items': '101-200 of 1000', 'invocations': 100,
+    'ran': 100, 'skipped': 0, 'failed': 3, 'requeued': 0}``).
+    """
+    bodies = requests if isinstance(requests, list) else []
+    context = ChunkContext.from_header(getattr(self.request, BATCH_HEADER, None), len(bodies))
+    failures = ItemEvents(self, context)
+    requeued: list[int] = []
+
+    def requeue(rest: list[Any], start: int, rest_id: str) -> None:
+        requeued.append(len(rest))
+        _requeue(self, rest, context, start, rest_id)
+
+    report = execute_chunk(
+        state.pipeline(self.app.backend),
+        bodies,
+        chunk_id=self.request.id or "",
+        redelivered=redelivered(self),
+        requeue=requeue,
+        report_failures=failures,
+        others_waiting=interactive_waiting(self.app),
+    )
+    place = {} if context is None else context.summary()
+    return {**place, **report.as_dict(), "failed": failures.failed, "requeued": sum(requeued)}
+
+
+def _requeue(
+    task: Task[Any, Any], rest: list[Any], context: ChunkContext | None, start: int, rest_id: str
+) -> None:
+    queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
+    sent_at = getattr(task.request, SENT_AT_HEADER, None) or time.time()
+    headers: dict[str, Any] = {SENT_AT_HEADER: sent_at}  # its age counts from the first sending
+    rest_context = None if context is None else context.rest(start, len(rest))
+    if rest_context is not None:
+        headers[BATCH_HEADER] = rest_context.header()
+    task.app.send_task(
+        TASK_INVOKE_CHUNK,
+        args=[rest],
+        task_id=rest_id,
+        queue=queue,
+        argsrepr=chunk_repr(rest, rest_context),
+        kwargsrepr="{}",
+        ignore_result=True,
+        headers=headers,
+    )

@@ -1,0 +1,108 @@
+"""Per-process worker state: the catalogue (loaded once), the policy, and the pipeline."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from cleveragents.metrics import CLOSE_WAIT_S
+from cleveragents.pipeline import Pipeline
+from cleveragents.runtime.kinds import load_tool_kinds
+from cleveragents.settings import Settings
+from cleveragents.skills import Catalogue
+from cleveragents.stores import open_stores
+from cleveragents.worker.invocation_report import WorkerObserver
+
+__all__ = [
+    "WorkerState",
+    "close_metrics",
+    "current",
+    "forget_inherited",
+    "pipeline",
+    "start_metrics",
+]
+
+log = logging.getLogger("cleveragents.worker")
+_lock = threading.Lock()
+_state: WorkerState | None = None
+_pipeline: Pipeline | None = None
+_observer: WorkerObserver | None = None
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """What every invocation in this process needs: settings and the resolved catalogue."""
+
+    settings: Settings
+    catalogue: Catalogue
+
+
+def load() -> WorkerState:
+    """Load the catalogue from the settings' paths; log every problem, serve the rest.
+
+    Raises:
+        ConfigurationError: a module of CLEVERAGENTS_TOOL_KINDS cannot be loaded.
+    """
+    settings = Settings.from_env()
+    load_tool_kinds(settings.tool_kinds)  # before the catalogue: its files may use them
+    catalogue = Catalogue.from_paths(*settings.catalogue_paths)
+    for problem in catalogue.errors:
+        log.error("catalogue problem: %s", problem)
+    log.info(
+        "catalogue loaded: %d skills from %s; read-only: %s",
+        len(catalogue),
+        ", ".join(settings.catalogue_paths),
+        settings.read_only,
+    )
+    return WorkerState(settings=settings, catalogue=catalogue)
+
+
+def current() -> WorkerState:
+    """This process's state, loaded on first use."""
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _state = load()
+    return _state
+
+
+def pipeline(backend: Any) -> Pipeline:
+    """This process's invocation pipeline, its stores chosen once beside ``backend``."""
+    global _pipeline, _observer
+    if _pipeline is None:
+        state = current()
+        with _lock:
+            if _pipeline is None:
+                stores = open_stores(state.settings, backend, worker=True)
+                _observer = WorkerObserver(stores.metrics, state.catalogue)
+                _pipeline = Pipeline.over(
+                    state.catalogue,
+                    stores,
+                    read_only=state.settings.read_only,
+                    default_timeout_s=state.settings.default_timeout_s,
+                    max_timeout_s=state.settings.max_timeout_s,
+                    observe=_observer,
+                )
+    return _pipeline
+
+
+def forget_inherited() -> None:
+    """Drop a pipeline inherited from the parent (a pool process builds its own)."""
+    global _pipeline, _observer
+    _pipeline = _observer = None
+
+
+def start_metrics(backend: Any) -> None:
+    """Start every catalogue tool's metric series at zero (the worker's main process, once)."""
+    pipeline(backend)
+    if _observer is not None:
+        _observer.start()
+
+
+def close_metrics(wait_s: float = CLOSE_WAIT_S) -> None:
+    """Flush this process's pending metric counts as it exits, waiting at most ``wait_s``."""
+    if _observer is not None:
+        _observer.close(wait_s)
