@@ -50,7 +50,7 @@ from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
-from cleveragents.stores.results import refused_for_writes
+from cleveragents.stores.result_meta import refused_for_writes
 
 __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
 

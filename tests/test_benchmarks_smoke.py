@@ -65,9 +65,9 @@ def test_ablations_change_only_what_they_name_and_only_where_asked() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
     env["PYTHONPATH"] = f"{REPO / 'benchmarks' / 'ablate'}{os.pathsep}{REPO}"
     probe = (
-        "import sys, cleveragents.runtime.invoke, cleveragents.runtime.python_tool;"
+        "import sys, cleveragents.runtime.invoke, cleveragents.runtime.kinds.python;"
         "m = sys.modules;"
-        "i, p = m['cleveragents.runtime.invoke'], m['cleveragents.runtime.python_tool'];"
+        "i, p = m['cleveragents.runtime.invoke'], m['cleveragents.runtime.kinds.python'];"
         "print(i.validate is m['cleveragents.runtime.validation'].validate,"
         " p.call_with_deadline.__module__)"
     )

@@ -37,7 +37,7 @@ import yaml
 
 from cleveragents.skills import Catalogue
 from cleveragents.skills.loader import load_file
-from cleveragents.skills.mcp import export_catalogue
+from cleveragents.skills.mcp_tools import export_catalogue
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

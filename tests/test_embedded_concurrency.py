@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(150)
 
 #: Every command of the concurrency test must have returned within this many seconds.
 ALL_RETURN_WITHIN_S = 60.0
-TRANSPORT = "cleveragents.embedded.transport:Transport"
+TRANSPORT = "cleveragents.broker.embedded.transport:Transport"
 
 
 def cli_env(**extra: str) -> dict[str, str]:

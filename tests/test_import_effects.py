@@ -149,7 +149,7 @@ def test_the_worker_app_reads_its_settings_when_configured_not_at_import(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     queues, transport, patched, logs_return_value = done.stdout.strip().splitlines()
     assert queues == "['skills.batch', 'skills.read']"
-    assert transport == "cleveragents.embedded.transport:Transport"
+    assert transport == "cleveragents.broker.embedded.transport:Transport"
     assert patched == "False"
     assert logs_return_value == "True"
     assert _tree(tmp_path) == []

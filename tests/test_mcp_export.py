@@ -17,8 +17,8 @@ import pytest
 
 from cleveragents.runtime import invoke
 from cleveragents.skills import Catalogue
-from cleveragents.skills import mcp as mcp_module
-from cleveragents.skills.mcp import (
+from cleveragents.skills import mcp_tools as mcp_module
+from cleveragents.skills.mcp_tools import (
     MAX_NAME_LENGTH,
     NAME_RE,
     export_catalogue,

@@ -22,7 +22,7 @@ from mcp import types
 from cleveragents.cli.app import main
 from cleveragents.mcp.importer import RemoteServer, skill_document, tool_access
 from cleveragents.runtime import invoke
-from cleveragents.runtime.mcp_sessions import close_sessions
+from cleveragents.runtime.kinds.mcp_sessions import close_sessions
 from cleveragents.skills import Catalogue, SkillErrorType
 from cleveragents.skills.model import NAME_PATTERN
 from tests.fixtures.mcp_server import build_server

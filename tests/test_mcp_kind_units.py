@@ -23,8 +23,8 @@ from pydantic import ValidationError
 
 from cleveragents.errors import ToolExecutionError
 from cleveragents.runtime import invoke
-from cleveragents.runtime.mcp_sessions import _StderrFile, close_sessions
-from cleveragents.runtime.mcp_tool import output_of
+from cleveragents.runtime.kinds.mcp import output_of
+from cleveragents.runtime.kinds.mcp_sessions import _StderrFile, close_sessions
 from cleveragents.skills import Catalogue, Skill, SkillErrorType, SkillResult, ToolSpec
 from tests.mcp_remote import FIXTURE_COMMAND, remote_http_server
 from tests.procs import REPO, free_port, wait_until

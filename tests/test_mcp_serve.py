@@ -19,7 +19,7 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from cleveragents.skills import Catalogue
-from cleveragents.skills.mcp import export_catalogue
+from cleveragents.skills.mcp_tools import export_catalogue
 from tests.mcp_support import (
     ECHO,
     MCP_SKILLS,

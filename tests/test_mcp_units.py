@@ -22,10 +22,10 @@ from cleveragents.mcp import (
     check_http_options,
     is_loopback,
 )
-from cleveragents.mcp.results import writes_refused
+from cleveragents.mcp.call_results import writes_refused
 from cleveragents.mcp.stdio import PipeLines, pipe_lines
 from cleveragents.skills import Catalogue, SkillResult
-from cleveragents.skills.mcp import export_catalogue
+from cleveragents.skills.mcp_tools import export_catalogue
 from tests.procs import EXAMPLE_SKILLS
 
 

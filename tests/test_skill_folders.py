@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from cleveragents.runtime import invoke
-from cleveragents.runtime.command_tool import resolve_command
+from cleveragents.runtime.kinds.command import resolve_command
 from cleveragents.skills import Catalogue, Skill, ToolSpec
 from cleveragents.skills.protocol import SkillResult
 

@@ -24,13 +24,13 @@ import pytest
 
 from cleveragents.errors import ConfigurationError, ToolExecutionError
 from cleveragents.runtime import invoke
-from cleveragents.runtime.command_tool import run_command_tool
 from cleveragents.runtime.confined import (
     STOP_WAIT_S,
     ToolUser,
     can_run_python,
     tool_user_for,
 )
+from cleveragents.runtime.kinds.command import run_command_tool
 from cleveragents.skills import SkillErrorType, SkillResult, ToolSpec
 from tests.fixtures.catalogues import FIXTURES, cmd_tool, request, single
 from tests.procs import REPO, process_alive, wait_until

@@ -25,13 +25,13 @@ from cleveragents.errors import (
 )
 from cleveragents.runtime import (
     ToolOutput,
-    command_tool,
     invoke,
     load_tool_kinds,
-    python_tool,
     register_tool_kind,
 )
-from cleveragents.skills import SkillErrorType, SkillResult, ToolSpec, kinds
+from cleveragents.runtime.kinds import command as command_tool
+from cleveragents.runtime.kinds import python as python_tool
+from cleveragents.skills import SkillErrorType, SkillResult, ToolSpec, tool_kinds
 from cleveragents.skills.loader import load_file
 from tests.fixtures.catalogues import cmd_tool, py_tool, request, single
 
@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kind registry as it was before the test, whatever the test registers."""
-    monkeypatch.setattr(kinds, "_kinds", dict(kinds._kinds))
-    monkeypatch.setattr(kinds, "_pending", dict(kinds._pending))
+    monkeypatch.setattr(tool_kinds, "_kinds", dict(tool_kinds._kinds))
+    monkeypatch.setattr(tool_kinds, "_pending", dict(tool_kinds._pending))
 
 
 class Echo:
@@ -83,10 +83,10 @@ def _failed(result: SkillResult, error_type: SkillErrorType) -> dict[str, Any]:
 
 
 def test_python_and_command_are_the_built_in_kinds() -> None:
-    assert {"python", "command"} <= set(kinds.kind_names())
-    assert kinds.lookup("python") is python_tool.KIND
-    assert kinds.lookup("command") is command_tool.KIND
-    assert kinds.lookup("no-such-kind") is None
+    assert {"python", "command"} <= set(tool_kinds.kind_names())
+    assert tool_kinds.lookup("python") is python_tool.KIND
+    assert tool_kinds.lookup("command") is command_tool.KIND
+    assert tool_kinds.lookup("no-such-kind") is None
 
 
 def test_importing_the_skills_layer_imports_no_runtime() -> None:
@@ -129,7 +129,7 @@ def test_registering_the_same_runner_twice_does_nothing() -> None:
     register_tool_kind("echo", echo)
     register_tool_kind("echo", echo)
 
-    assert kinds.lookup("echo") is echo
+    assert tool_kinds.lookup("echo") is echo
 
 
 @pytest.mark.parametrize("name", ["python", "command", "mcp"])
@@ -154,7 +154,7 @@ def test_a_kind_name_is_lowercase_text(name: Any) -> None:
 def test_a_runner_without_a_run_method_is_refused() -> None:
     with pytest.raises(TypeError, match="run"):
         register_tool_kind("broken", object())  # type: ignore[arg-type]
-    assert not kinds.is_known("broken")
+    assert not tool_kinds.is_known("broken")
 
 
 def test_a_kind_may_not_claim_a_common_field_as_its_own() -> None:
@@ -247,7 +247,7 @@ def test_a_tool_whose_kind_this_process_lacks_is_an_activation_failure(
     # Given a catalogue built where the kind exists, run where it does not.
     register_tool_kind("echo", Echo())
     cat = single(ToolSpec(name="test/echo", source="echo"))
-    monkeypatch.delitem(kinds._kinds, "echo")
+    monkeypatch.delitem(tool_kinds._kinds, "echo")
 
     result = invoke(request("test/echo"), cat)
 
@@ -289,7 +289,7 @@ def fresh_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.mark.usefixtures("fresh_plugin")
 def test_a_plugin_module_registers_its_kind_when_loaded() -> None:
-    assert not kinds.is_known("upper")
+    assert not tool_kinds.is_known("upper")
 
     load_tool_kinds([PLUGIN])
 

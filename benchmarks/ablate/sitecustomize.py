@@ -51,9 +51,9 @@ def _patches(wanted: set[str]) -> dict[str, list[object]]:
             ("cleveragents.client", no_producer_bind),
             ("cleveragents.pipeline.chunk", no_worker_bind),
         ],
-        "lookups": [("cleveragents.stores.results", no_lookups)],
+        "lookups": [("cleveragents.stores.result_meta", no_lookups)],
         "schema": [("cleveragents.runtime.invoke", no_schema)],
-        "deadline": [("cleveragents.runtime.python_tool", no_deadline)],
+        "deadline": [("cleveragents.runtime.kinds.python", no_deadline)],
         "observe": [("cleveragents.worker.invocation_report", no_observer)],
     }
     out: dict[str, list[object]] = {}

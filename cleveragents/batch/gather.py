@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleveragents.stores import ResultStore
-from cleveragents.stores.results import refused_for_writes
+from cleveragents.stores.result_meta import refused_for_writes
 
 __all__ = ["Entry", "OrderedGather"]
 

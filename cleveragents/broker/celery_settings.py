@@ -32,7 +32,7 @@ __all__ = [
 #: URL scheme of the embedded on-disk broker.
 EMBEDDED_SCHEME = "cleveragentsfs"
 #: The embedded broker's kombu transport, named by its class path.
-EMBEDDED_TRANSPORT = "cleveragents.embedded.transport:Transport"
+EMBEDDED_TRANSPORT = "cleveragents.broker.embedded.transport:Transport"
 #: The Redis broker's kombu transport (recovery bounded by liveness), by class path.
 REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
 #: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.

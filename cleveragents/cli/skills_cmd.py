@@ -16,7 +16,7 @@ from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.runtime.validation import schema_problem
 from cleveragents.settings import Settings, tool_kind_modules
 from cleveragents.skills import Catalogue, CatalogueProblem, SkillDefinition
-from cleveragents.skills.mcp import export_catalogue
+from cleveragents.skills.mcp_tools import export_catalogue
 
 __all__ = ["skills"]
 

@@ -34,7 +34,9 @@ class EmbeddedFolders:
     @property
     def results_url(self) -> str:
         """The result backend for the results folder (Celery's, made safe for any id)."""
-        from cleveragents.embedded.results import backend_url  # Celery only when asked
+        from cleveragents.broker.embedded.result_backend import (
+            backend_url,  # Celery only when asked
+        )
 
         return backend_url(str(self.results))
 

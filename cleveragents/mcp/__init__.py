@@ -16,10 +16,10 @@ command runs.
 
 from __future__ import annotations
 
+from cleveragents.mcp.call_results import call_result
 from cleveragents.mcp.http import TOKEN_ENV, BearerGuard, check_http_options, is_loopback
 from cleveragents.mcp.importer import RemoteServer, import_skill, skill_document, tool_access
 from cleveragents.mcp.naming import META_SKILL, META_TOOL, ToolRoute, ToolTable
-from cleveragents.mcp.results import call_result
 from cleveragents.mcp.serve import ServeOptions, serve
 from cleveragents.mcp.server import FleetTools, build_server
 

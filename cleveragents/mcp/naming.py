@@ -1,7 +1,7 @@
 """The MCP face of a catalogue: one MCP tool per (skill, tool) pair, and the way back.
 
 ``cleveragents mcp serve`` lists exactly what ``cleveragents skills export --format
-mcp`` prints (``cleveragents.skills.mcp``): the same deterministic names, within
+mcp`` prints (``cleveragents.skills.mcp_tools``): the same deterministic names, within
 MCP's name rules and 64 characters, with a digest for long or clashing names, and
 the real skill and tool in ``_meta`` (``cleveragents/skill``, ``cleveragents/tool``).
 A ``ToolTable`` keeps those definitions and maps a called name back to its pair.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleveragents.skills import Catalogue
-from cleveragents.skills.mcp import META_PREFIX, export_catalogue
+from cleveragents.skills.mcp_tools import META_PREFIX, export_catalogue
 
 __all__ = ["META_SKILL", "META_TOOL", "ToolRoute", "ToolTable"]
 

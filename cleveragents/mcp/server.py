@@ -30,8 +30,8 @@ from mcp.types.jsonrpc import INVALID_PARAMS
 from cleveragents import __version__
 from cleveragents.client import SkillClient
 from cleveragents.errors import SchemaValidationError, SkillErrorType
+from cleveragents.mcp.call_results import call_result, revoked_result, writes_refused
 from cleveragents.mcp.naming import ToolRoute, ToolTable
-from cleveragents.mcp.results import call_result, revoked_result, writes_refused
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult

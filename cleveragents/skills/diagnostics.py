@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cleveragents.skills import kinds
+from cleveragents.skills import tool_kinds
 from cleveragents.skills.model import Skill, ToolSpec
 
 __all__ = ["Located", "entry_problems", "line_of", "syntax_problem"]
@@ -160,6 +160,6 @@ def _owner(loc: tuple[int | str, ...], item: dict[str, Any]) -> tuple[str, list[
 def _keys(model: type[BaseModel], data: Any) -> list[str]:
     keys = list(model.model_fields)
     source = data.get("source") if isinstance(data, dict) else None
-    if model is ToolSpec and isinstance(source, str) and kinds.is_known(source):
-        keys += sorted(kinds.option_fields(source))
+    if model is ToolSpec and isinstance(source, str) and tool_kinds.is_known(source):
+        keys += sorted(tool_kinds.option_fields(source))
     return keys

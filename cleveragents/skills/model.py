@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from cleveragents.skills import kinds
+from cleveragents.skills import tool_kinds
 
 __all__ = [
     "NAME_PATTERN",
@@ -84,9 +84,9 @@ class ToolSpec(BaseModel):
         # they are kept in `options`, so the model needs no field per kind.
         if not isinstance(data, dict) or not isinstance(data.get("source"), str):
             return data
-        if not kinds.is_known(data["source"]):
+        if not tool_kinds.is_known(data["source"]):
             return data
-        own = kinds.option_fields(data["source"]) & data.keys()
+        own = tool_kinds.option_fields(data["source"]) & data.keys()
         if not own:
             return data
         options = data.get("options") or {}
@@ -106,9 +106,9 @@ class ToolSpec(BaseModel):
     @field_validator("source")
     @classmethod
     def _known_kind(cls, value: str) -> str:
-        if not kinds.is_known(value):
+        if not tool_kinds.is_known(value):
             raise ValueError(
-                f"unknown tool source {value!r}; known: {', '.join(kinds.kind_names())}"
+                f"unknown tool source {value!r}; known: {', '.join(tool_kinds.kind_names())}"
             )
         return value
 
@@ -125,7 +125,7 @@ class ToolSpec(BaseModel):
         folder = (info.context or {}).get(SKILL_FOLDER_CONTEXT)
         if folder is not None:
             self._skill_folder = Path(folder).absolute()
-        kinds.check_tool(self)
+        tool_kinds.check_tool(self)
         return self
 
     @property
@@ -142,7 +142,7 @@ class ToolSpec(BaseModel):
         return self.writes or self.side_effects
 
 
-kinds.reserve_fields(ToolSpec.model_fields)
+tool_kinds.reserve_fields(ToolSpec.model_fields)
 
 
 class Skill(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 
 from cleveragents.constants import DEAD_LETTER_LIMIT
 from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
-from cleveragents.stores.results import KeyValueResults
+from cleveragents.stores.result_meta import KeyValueResults
 
 __all__ = ["MemoryBatchLedger", "MemoryGuardStore", "MemoryMetricStore", "MemoryResultStore"]
 

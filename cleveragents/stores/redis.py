@@ -31,7 +31,7 @@ from cleveragents.constants import (
 from cleveragents.retry import retrying
 from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.resp import Arg, Script, pipelined
-from cleveragents.stores.results import KeyValueResults
+from cleveragents.stores.result_meta import KeyValueResults
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = ["RedisBatchLedger", "RedisGuardStore", "RedisMetricStore", "RedisResultStore"]

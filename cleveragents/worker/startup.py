@@ -31,8 +31,8 @@ from cleveragents.broker.redis.result_backend import worker_result_backend
 from cleveragents.embedded.folders import create_folders
 from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
-from cleveragents.runtime import command_tool
 from cleveragents.runtime.confined import tool_user_for
+from cleveragents.runtime.kinds import command as command_tool
 from cleveragents.runtime.limits import set_default_output_limit
 from cleveragents.settings import Settings
 from cleveragents.worker import state, time_limits
@@ -120,7 +120,7 @@ def _flush_and_die(signum: int, _frame: Any) -> None:
 def _close_mcp_sessions(**_: Any) -> None:
     # A pool process leaves by os._exit, so atexit does not run: stop the stdio MCP
     # servers its `source: mcp` tools started (only if it ever used one).
-    sessions = sys.modules.get("cleveragents.runtime.mcp_sessions")
+    sessions = sys.modules.get("cleveragents.runtime.kinds.mcp_sessions")
     if sessions is not None:
         sessions.close_sessions()
 

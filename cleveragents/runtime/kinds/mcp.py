@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from cleveragents.errors import ToolActivationError, ToolExecutionError, ToolTimedOut
-from cleveragents.runtime.mcp_sessions import (
+from cleveragents.runtime.kinds.mcp_sessions import (
     CallTimedOut,
     ConnectionLost,
     ServerSpec,

@@ -25,7 +25,7 @@ from cleveragents.mcp.naming import ToolRoute
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.text import json_text
 from cleveragents.skills import SkillResult
-from cleveragents.skills.mcp import META_PREFIX
+from cleveragents.skills.mcp_tools import META_PREFIX
 
 __all__ = ["META_ERROR", "META_REQUEST_ID", "call_result", "revoked_result", "writes_refused"]
 

@@ -38,7 +38,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from cleveragents.constants import STDERR_TAIL_CHARS
-from cleveragents.runtime.command_tool import BASE_ENV
+from cleveragents.runtime.kinds.command import BASE_ENV
 
 __all__ = [
     "CLOSE_TIMEOUT_S",

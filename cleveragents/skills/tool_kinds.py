@@ -38,9 +38,9 @@ __all__ = [
 
 #: The kinds every process knows, by name of the object that runs them.
 BUILTIN_KINDS = {
-    "python": "cleveragents.runtime.python_tool:KIND",
-    "command": "cleveragents.runtime.command_tool:KIND",
-    "mcp": "cleveragents.runtime.mcp_tool:KIND",
+    "python": "cleveragents.runtime.kinds.python:KIND",
+    "command": "cleveragents.runtime.kinds.command:KIND",
+    "mcp": "cleveragents.runtime.kinds.mcp:KIND",
 }
 #: What a kind's name looks like (it is the ``source`` of its tools).
 KIND_NAME_PATTERN = r"^[a-z][a-z0-9_.-]*$"

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from cleveragents.errors import ConfigurationError, ToolActivationError, ToolTimedOut
-from cleveragents.skills import ToolSpec, kinds
-from cleveragents.skills.kinds import ToolKind
+from cleveragents.skills import ToolSpec, tool_kinds
+from cleveragents.skills.tool_kinds import ToolKind
 
 __all__ = ["ToolKind", "load_tool_kinds", "register_tool_kind", "run_tool"]
 
@@ -34,7 +34,7 @@ def register_tool_kind(name: str, runner: ToolKind) -> None:
         ValueError: ``name`` is not a kind name (``[a-z][a-z0-9_.-]*``), or is taken.
         TypeError: ``runner`` has no ``run`` method.
     """
-    kinds.register(name, runner)
+    tool_kinds.register(name, runner)
 
 
 @contextlib.contextmanager
@@ -86,11 +86,11 @@ def run_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> Any
         ToolActivationError: no kind of that name is registered in this process.
         ToolTimedOut: the tool was stopped, or its result came after the deadline.
     """
-    runner = kinds.lookup(tool.source)
+    runner = tool_kinds.lookup(tool.source)
     if runner is None:
         raise ToolActivationError(
             f"tool activation failed for {tool.name!r}: no tool kind {tool.source!r} "
-            f"in this process (known: {', '.join(kinds.kind_names())}; "
+            f"in this process (known: {', '.join(tool_kinds.kind_names())}; "
             "CLEVERAGENTS_TOOL_KINDS loads more)",
             details={"source": tool.source},
         )
