@@ -21,7 +21,8 @@ from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # 
 
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
-from cleveragents.broker.celery_settings import celery_settings, consumer_transport
+from cleveragents.broker import internals
+from cleveragents.broker.celery_settings import broker_of, celery_settings, consumer_transport
 from cleveragents.broker.queue_search import is_waiting
 from cleveragents.broker.signing import register_signing
 from cleveragents.constants import (
@@ -117,6 +118,17 @@ def _answers(result: SkillResult, writes: bool) -> bool:
     return not (writes and _refused_for_writes(result))
 
 
+#: Version warnings this process has already logged (once each, not once per client).
+_warned: set[str] = set()
+
+
+def _warn_once(lines: tuple[str, ...]) -> None:
+    for line in lines:
+        if line not in _warned:
+            _warned.add(line)
+            log.warning("%s", line)
+
+
 class SkillClient:
     """Submit skill invocations to the workers and collect their results.
 
@@ -145,6 +157,9 @@ class SkillClient:
                 else base.result_backend,
             )
         self.settings = base
+        # Private Celery and kombu code only on the series it was written for: kombu's
+        # own transport outside it, or no client at all (broker/internals.py).
+        _warn_once(internals.check("producer", broker_of(base)).warnings)
         if base.signing is not None:  # before anything is created: a bad key is one error
             register_signing(base.signing)
         create_folders(base)  # the embedded broker's and the file result store's, if used

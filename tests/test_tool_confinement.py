@@ -318,7 +318,7 @@ def test_a_non_dumpable_process_keeps_its_environment_from_its_own_user(closed: 
     # control)
     program = (
         "import importlib.util, sys, time\n"
-        f"spec = importlib.util.spec_from_file_location('closed', {str(REPO / 'worker' / 'closed.py')!r})\n"  # noqa: E501
+        f"spec = importlib.util.spec_from_file_location('closed', {str(REPO / 'cleveragents' / 'worker' / 'process_privacy.py')!r})\n"  # noqa: E501
         "closed = importlib.util.module_from_spec(spec); spec.loader.exec_module(closed)\n"
         "if sys.argv[1] == 'closed': closed.make_undumpable()\n"
         "print('ready', flush=True); time.sleep(60)\n"
@@ -356,7 +356,7 @@ def test_make_undumpable_reports_what_it_did() -> None:
     # In a child process, so that this test process stays as it was
     code = (
         "import importlib.util, json\n"
-        f"spec = importlib.util.spec_from_file_location('closed', {str(REPO / 'worker' / 'closed.py')!r})\n"  # noqa: E501
+        f"spec = importlib.util.spec_from_file_location('closed', {str(REPO / 'cleveragents' / 'worker' / 'process_privacy.py')!r})\n"  # noqa: E501
         "closed = importlib.util.module_from_spec(spec); spec.loader.exec_module(closed)\n"
         "before = closed.is_dumpable(); note = closed.make_undumpable()\n"
         "print(json.dumps([before, closed.is_dumpable(), note[1]]))\n"

@@ -8,11 +8,12 @@ its own app. The folders it names are created by ``embedded.folders.create_folde
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from kombu import Exchange, Queue
 
+from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.broker.redis.liveness import RecoveryTiming
@@ -25,6 +26,7 @@ __all__ = [
     "EMBEDDED_SCHEME",
     "EMBEDDED_TRANSPORT",
     "REDIS_TRANSPORT",
+    "broker_of",
     "celery_settings",
     "consumer_transport",
 ]
@@ -126,10 +128,17 @@ def consumer_transport(settings: Settings) -> str | None:
     set by the worker at start (cleveragents/worker/startup.py); kombu's table of aliases stays
     as shipped.
     """
+    if broker_of(settings) != "redis" or not fits("redis-transport"):
+        return None  # outside its kombu series: kombu's own (broker/internals.py)
+    return REDIS_TRANSPORT
+
+
+def broker_of(settings: Settings) -> Literal["redis", "embedded", "other"]:
+    """Which broker the settings name: the embedded default, a Redis, or another."""
     if settings.embedded:
-        return None
+        return "embedded"
     scheme = (settings.broker_url or "").partition("://")[0].lower()
-    return REDIS_TRANSPORT if scheme in REDIS_TRANSPORT_SCHEMES else None
+    return "redis" if scheme in REDIS_TRANSPORT_SCHEMES else "other"
 
 
 def _rediss_default(url: str) -> dict[str, Any]:

@@ -15,6 +15,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from kombu.transport import redis as kombu_redis
+
+from cleveragents.broker.internals import fits
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
 from cleveragents.embedded.inflight import inflight_folder
@@ -24,8 +27,9 @@ __all__ = ["SEARCHED_AT_MOST", "is_waiting"]
 
 #: Messages read at most per queue: an id deeper in a backed-up queue is not found.
 SEARCHED_AT_MOST = 200_000
-#: kombu's Redis transport keeps fetched, unacknowledged messages in this hash.
-_UNACKED = "unacked"
+#: kombu's Redis transport keeps fetched, unacknowledged messages in this hash (its
+#: ``Channel.unacked_key``, read from kombu rather than written here again).
+_UNACKED: str = kombu_redis.Channel.unacked_key
 _PAGE = 1_000
 
 
@@ -39,7 +43,7 @@ def is_waiting(settings: Settings, request_id: str) -> bool | None:
     needle = request_id.encode()
     if settings.embedded:
         return any(needle in raw for raw in _embedded_messages(settings))
-    if uses_redis(settings):
+    if uses_redis(settings) and fits("queue-search"):  # kombu's unacked hash, as 5.7 keeps it
         return any(needle in raw for raw in _redis_messages(settings.broker_url or ""))
     return None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
+from cleveragents.broker.internals import InternalsRefused
 from cleveragents.broker.signing import SIGNED_CONTENT_TYPE, SIGNED_SERIALIZER
 from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_WRITE
 from cleveragents.errors import SkillErrorType
@@ -29,12 +30,37 @@ from cleveragents.worker.admission import (
     signed_id_problem,
 )
 
-__all__ = ["SkillConsumer"]
+__all__ = ["SkillConsumer", "check_steps"]
 
 #: Queues of invocations that may write: never consumed by a read-only worker.
 WRITE_QUEUES = frozenset({QUEUE_WRITE, QUEUE_BATCH_WRITE})
 
 log = logging.getLogger("cleveragents.worker")
+
+#: Celery's remote control step, by the name its consumer blueprint lists (Celery 5.7),
+#: and the guarded one that replaces it (worker/remote_control.py).
+CONTROL_STEP = "celery.worker.consumer.control:Control"
+GUARDED_CONTROL = "cleveragents.worker.remote_control:GuardedControl"
+#: Native delayed delivery, left out (below).
+DELAYED_DELIVERY_STEP = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
+
+
+def check_steps(steps: tuple[str, ...] | list[str] | None = None) -> None:
+    """Refuse a Celery whose consumer no longer lists remote control by the name replaced.
+
+    A renamed step would leave remote control unguarded without a word.
+
+    Raises:
+        InternalsRefused: the step is not among Celery's consumer steps.
+    """
+    listed = Consumer.Blueprint.default_steps if steps is None else steps
+    if CONTROL_STEP not in listed:
+        raise InternalsRefused(
+            f"Celery's consumer no longer has the step {CONTROL_STEP!r}, which the worker "
+            "replaces to guard remote control: it would run unguarded. fix: pip install "
+            "'celery>=5.7,<5.8' (the versions cleveragents is tested with)"
+        )
+
 
 #: Longest a task event waits in the worker before it is sent (with the others due).
 EVENT_FLUSH_S = 0.05
@@ -58,11 +84,9 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
         """
 
         default_steps = [
-            "cleveragents.worker.remote_control:GuardedControl"
-            if step == "celery.worker.consumer.control:Control"
-            else step
+            GUARDED_CONTROL if step == CONTROL_STEP else step
             for step in Consumer.Blueprint.default_steps
-            if step != "celery.worker.consumer.delayed_delivery:DelayedDelivery"
+            if step != DELAYED_DELIVERY_STEP
         ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

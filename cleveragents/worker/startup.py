@@ -25,8 +25,8 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from cleveragents.broker import patches
-from cleveragents.broker.celery_settings import consumer_transport
+from cleveragents.broker import internals, patches
+from cleveragents.broker.celery_settings import broker_of, consumer_transport
 from cleveragents.broker.redis.result_backend import worker_result_backend
 from cleveragents.embedded.folders import create_folders
 from cleveragents.errors import ConfigurationError
@@ -36,6 +36,7 @@ from cleveragents.runtime.kinds import command as command_tool
 from cleveragents.runtime.limits import set_default_output_limit
 from cleveragents.settings import Settings
 from cleveragents.worker import state, time_limits
+from cleveragents.worker.consumer import check_steps
 from cleveragents.worker.process_privacy import make_undumpable
 
 log = logging.getLogger("cleveragents.worker")
@@ -50,6 +51,11 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
     # line (a bad setting, a CLEVERAGENTS_TOOL_KINDS module that cannot load).
     try:
         settings = Settings.from_env()
+        # First the versions: private Celery and kombu code runs only on the series it
+        # was written for; outside it, the library's own, or no start (broker/internals.py).
+        verdict = internals.check("worker", broker_of(settings))
+        _start_notes.extend((logging.WARNING, line) for line in verdict.warnings)
+        check_steps()
         transport = consumer_transport(settings)
         if transport is not None:  # before the consumer connects (celery_settings)
             sender.app.conf.broker_transport = transport

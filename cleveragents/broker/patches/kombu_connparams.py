@@ -48,10 +48,4 @@ def installed() -> bool:
     return bool(getattr(getattr(kombu_redis.Channel, "_connparams"), _MARK, False))  # noqa: B009
 
 
-PATCH = Patch(
-    name=__name__,
-    distribution="kombu",
-    series="5.7",
-    install=install,
-    without_it="a worker that loses Redis while a tool runs exits instead of reconnecting",
-)
+PATCH = Patch.for_part(__name__, "redis-connparams-patch", install)

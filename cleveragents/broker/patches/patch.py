@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cleveragents.broker.internals import PARTS
 from cleveragents.errors import ConfigurationError
 
 __all__ = ["Patch", "PatchRefused", "written_for"]
@@ -29,6 +30,19 @@ class Patch:
     without_it: str
     #: True: a worker whose library is of another series does not start.
     required: bool = False
+
+    @classmethod
+    def for_part(cls, name: str, part: str, install: Callable[[], None]) -> Patch:
+        """The patch of ``part`` in the table of internals (``broker/internals.py``)."""
+        spec = PARTS[part]
+        return cls(
+            name=name,
+            distribution=spec.distribution,
+            series=spec.series,
+            install=install,
+            without_it=spec.consequence,
+            required=spec.outside == "refuse",
+        )
 
 
 def written_for(patch: Patch, installed: str) -> bool:

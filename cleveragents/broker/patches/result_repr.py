@@ -84,11 +84,4 @@ def installed() -> bool:
     return getattr(trace, "saferepr", None) is quick_saferepr
 
 
-PATCH = Patch(
-    name=__name__,
-    distribution="celery",
-    series="5.7",
-    install=install,
-    without_it="each successful invocation's return value is written out by Celery's "
-    "slower saferepr (about 90 us of the pool's CPU each)",
-)
+PATCH = Patch.for_part(__name__, "result-repr-patch", install)

@@ -30,11 +30,4 @@ def installed() -> bool:
     return bool(trace.LOG_SUCCESS == LOG_SUCCESS)
 
 
-PATCH = Patch(
-    name=__name__,
-    distribution="celery",
-    series="5.7",
-    install=install,
-    without_it="every successful invocation's output is written to the worker log",
-    required=True,
-)
+PATCH = Patch.for_part(__name__, "success-log-patch", install)
