@@ -54,61 +54,58 @@ class SkillErrorType(StrEnum):
 
 
 class CleverAgentsError(Exception):
-    """Raised for every error the library raises on purpose."""
+    """Raised for every error the library raises on purpose.
+
+    A subclass names its category in its header, ``class X(Base,
+    error_type=SkillErrorType.Y)``; without one it keeps its parent's.
+    """
 
     error_type: SkillErrorType = SkillErrorType.TOOL_EXECUTION_FAILURE
+
+    def __init_subclass__(cls, *, error_type: SkillErrorType | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if error_type is not None:
+            cls.error_type = error_type
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.details: dict[str, Any] = dict(details or {})
 
 
-class SkillResolutionError(CleverAgentsError, ValueError):
+class SkillResolutionError(
+    CleverAgentsError, ValueError, error_type=SkillErrorType.RESOLUTION_FAILURE
+):
     """Raised when a skill cannot be resolved into a ``SkillDefinition``."""
 
-    error_type = SkillErrorType.RESOLUTION_FAILURE
 
-
-class SkillNotFoundError(SkillResolutionError):
+class SkillNotFoundError(SkillResolutionError, error_type=SkillErrorType.SKILL_NOT_FOUND):
     """Raised when a requested skill is not in the catalogue."""
 
-    error_type = SkillErrorType.SKILL_NOT_FOUND
 
-
-class IncludeCycleError(SkillResolutionError):
+class IncludeCycleError(SkillResolutionError, error_type=SkillErrorType.CYCLE_DETECTED):
     """Raised when a skill's includes lead back to a skill on the current path."""
 
-    error_type = SkillErrorType.CYCLE_DETECTED
 
-
-class ResolutionFailure(SkillResolutionError):
+class ResolutionFailure(SkillResolutionError, error_type=SkillErrorType.RESOLUTION_FAILURE):
     """Raised for a missing include, a tool-name clash, or a tool outside the skill."""
 
-    error_type = SkillErrorType.RESOLUTION_FAILURE
 
-
-class ReadOnlyViolation(SkillResolutionError):
+class ReadOnlyViolation(SkillResolutionError, error_type=SkillErrorType.VALIDATION_ERROR):
     """Raised when a skill asserting ``read_only: true`` reaches a write-capable tool."""
 
-    error_type = SkillErrorType.VALIDATION_ERROR
 
-
-class SchemaValidationError(CleverAgentsError, ValueError):
+class SchemaValidationError(
+    CleverAgentsError, ValueError, error_type=SkillErrorType.VALIDATION_ERROR
+):
     """Raised when arguments, output or a request fail validation."""
 
-    error_type = SkillErrorType.VALIDATION_ERROR
 
-
-class ToolActivationError(CleverAgentsError):
+class ToolActivationError(CleverAgentsError, error_type=SkillErrorType.TOOL_ACTIVATION_FAILURE):
     """Raised when a tool cannot be made ready to run (import or lookup failed)."""
 
-    error_type = SkillErrorType.TOOL_ACTIVATION_FAILURE
 
-
-class ToolExecutionError(CleverAgentsError):
+class ToolExecutionError(CleverAgentsError, error_type=SkillErrorType.TOOL_EXECUTION_FAILURE):
     """Raised when a tool fails while it runs (crash, exit code, time-out, bad output)."""
-
-    error_type = SkillErrorType.TOOL_EXECUTION_FAILURE
 
 
 class ToolTimedOut(ToolExecutionError):
@@ -142,10 +139,8 @@ class ToolOutputTooLarge(ToolExecutionError):
         )
 
 
-class WriteRefused(CleverAgentsError, PermissionError):
+class WriteRefused(CleverAgentsError, PermissionError, error_type=SkillErrorType.PERMISSION_DENIED):
     """Raised when a gate refuses a write-capable tool before it starts."""
-
-    error_type = SkillErrorType.PERMISSION_DENIED
 
 
 class ConfigurationError(CleverAgentsError):

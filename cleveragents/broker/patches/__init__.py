@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from cleveragents.broker.internals import installed_version
+from cleveragents.broker import internals
 from cleveragents.broker.patches.patch import Patch, PatchRefused, written_for
 
 __all__ = ["Patch", "PatchRefused", "all_patches", "apply_all", "written_for"]
@@ -37,7 +37,7 @@ def apply_all(patches: tuple[Patch, ...] | None = None) -> list[tuple[int, str]]
     """
     notes = []
     for patch in all_patches() if patches is None else patches:
-        installed = installed_version(patch.distribution)
+        installed = internals.installed_version(patch.distribution)
         if written_for(patch, installed):
             patch.install()
             notes.append((logging.INFO, f"applied {patch.name} ({patch.distribution} {installed})"))
