@@ -53,4 +53,4 @@ WORKDIR /app
 USER 10001:10001
 
 # Health checks are in docker-compose.yml: each service there knows how to probe itself.
-CMD ["celery", "-A", "worker", "worker", "--loglevel", "INFO"]
+CMD ["celery", "-A", "cleveragents.worker", "worker", "--loglevel", "INFO"]

@@ -51,8 +51,15 @@ def test_every_project_service_runs_a_command_and_has_a_healthcheck() -> None:
             assert "healthcheck" in spec, name
 
 
+#: The Celery app of every compose command: the package's, as the image installs it.
+APP = "cleveragents.worker"
+
+
 def _celery_subcommand(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(``celery -A worker SUB [ACTION]``, the arguments after it), checking ``-A worker``."""
+    """(``celery -A APP SUB [ACTION]``, the arguments after it), checking the app.
+
+    The image holds the installed wheel alone: its app is ``cleveragents.worker``.
+    """
     rest = argv[1:]
     app = None
     while rest and rest[0].startswith("-"):
@@ -61,12 +68,12 @@ def _celery_subcommand(argv: list[str]) -> tuple[list[str], list[str]]:
             app = rest.pop(0)
         elif option.startswith("--app="):
             app = option.split("=", 1)[1]
-    assert app == "worker", f"{shlex.join(argv)}: runs app {app!r}, not `-A worker`"
+    assert app == APP, f"{shlex.join(argv)}: runs app {app!r}, not `-A {APP}`"
     assert rest, f"{shlex.join(argv)}: no celery command"
     sub = [rest.pop(0)]
     if sub[0] in ("inspect", "control") and rest:
         sub.append(rest.pop(0))
-    return ["-A", "worker", *sub], rest
+    return ["-A", APP, *sub], rest
 
 
 def _flower_option_names(env: Mapping[str, str]) -> set[str]:

@@ -79,7 +79,9 @@ def test_final_stage_runs_as_a_non_root_user_in_app() -> None:
 def test_final_stage_runs_a_worker_by_default_and_leaves_healthchecks_to_compose() -> None:
     final = _final_stage()
     cmd = [a for k, a in final if k == "CMD"][-1]
-    assert json.loads(cmd) == ["celery", "-A", "worker", "worker", "--loglevel", "INFO"]
+    assert json.loads(cmd) == [
+        "celery", "-A", "cleveragents.worker", "worker", "--loglevel", "INFO"
+    ]
     assert all(k != "HEALTHCHECK" for stage in _dockerfile_stages() for k, _ in stage)
 
 
