@@ -67,8 +67,13 @@ def _in_folder(word: str, folder: Path, *, program: bool) -> str:
     if not word or word.startswith(("-", "/")) or (program and "/" not in word):
         return word  # an option, an absolute path, or a program that PATH finds
     candidate = folder / word
-    if candidate.is_file() or ("/" in word and candidate.exists()):
-        return str(candidate) + ("/" if word.endswith("/") else "")
+    try:
+        if candidate.is_file() or ("/" in word and candidate.exists()):
+            return str(candidate) + ("/" if word.endswith("/") else "")
+    except (OSError, ValueError):
+        # Not a name a file can have (longer than a file name, a NUL byte): a word of
+        # data, such as an inline program or a JSON string, passed as written.
+        pass
     return word
 
 
