@@ -78,3 +78,10 @@ SENT_AT_HEADER = "cleveragents_sent_at"
 BATCH_HEADER = "cleveragents_batch"
 #: Placeholder shown instead of arguments in Flower and logs.
 REDACTED = "[redacted]"
+
+#: The largest skill file read (bytes): a larger one is a problem of its file, unread.
+MAX_SKILL_FILE_BYTES = 1_000_000
+#: A skill file's YAML aliases may expand it to at most this many times its own size
+#: (plus ``ALIAS_EXPANSION_FLOOR`` bytes): past that it is an alias bomb, refused.
+ALIAS_EXPANSION_FACTOR = 10
+ALIAS_EXPANSION_FLOOR = 10_000

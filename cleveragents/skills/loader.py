@@ -15,6 +15,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from cleveragents.constants import (
+    ALIAS_EXPANSION_FACTOR,
+    ALIAS_EXPANSION_FLOOR,
+    MAX_SKILL_FILE_BYTES,
+)
 from cleveragents.skills.diagnostics import entry_problems, line_of, syntax_problem
 from cleveragents.skills.model import SKILL_FOLDER_CONTEXT, Skill
 
@@ -93,9 +98,57 @@ def _parse(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
     loader = _SkillYamlLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _refuse_alias_bomb(node, len(text.encode()))
         return (loader.construct_document(node) if node is not None else None), node
     finally:
         loader.dispose()
+
+
+class AliasBomb(ValueError):
+    """Raised when a file's aliases would expand it far past its own size."""
+
+    def __init__(self, expanded: int, size: int, node: yaml.Node) -> None:
+        super().__init__(
+            f"its aliases would expand it to more than {expanded:,} bytes, over "
+            f"{ALIAS_EXPANSION_FACTOR} times its own {size:,}: an alias bomb, not read "
+            "(write the repeated part out, or refer to it less)"
+        )
+        self.line = node.start_mark.line + 1
+
+
+def _refuse_alias_bomb(root: yaml.Node, size: int) -> None:
+    """Refuse a node graph whose aliases expand past a small multiple of the file's size.
+
+    An alias is the same node object met again, so the graph is composed cheaply; what
+    costs is what later code does with the expanded data. Each distinct node's expanded
+    size is computed once (post-order, no recursion), in scalar bytes.
+    """
+    limit = ALIAS_EXPANSION_FACTOR * size + ALIAS_EXPANSION_FLOOR
+    expanded: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in expanded:
+            continue
+        children = _children(node)
+        if not children_done and children:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in expanded)
+            continue
+        total = len(str(node.value)) if isinstance(node, yaml.ScalarNode) else 1
+        total += sum(expanded[id(child)] for child in children)
+        expanded[id(node)] = total
+        if total > limit:  # the innermost node past the limit: where the blow-up is
+            raise AliasBomb(limit, size, node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _item_nodes(node: yaml.Node | None, count: int) -> list[yaml.Node | None]:
@@ -116,8 +169,17 @@ def load_file(path: Path) -> tuple[list[LoadedSkill], list[LoadProblem]]:
     where = str(path)
     text = ""
     try:
+        size = path.stat().st_size
+        if size > MAX_SKILL_FILE_BYTES:
+            reason = (
+                f"the file is {size:,} bytes, over the {MAX_SKILL_FILE_BYTES:,} bytes a skill "
+                "file may hold: not read (split it into several files)"
+            )
+            return [], [LoadProblem(where, reason, file=where)]
         text = path.read_text(encoding="utf-8")
         data, root = _parse(text, path)
+    except AliasBomb as exc:
+        return [], [LoadProblem(where, str(exc), exc.line, file=where)]
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         line, reason = syntax_problem(exc, text)
         return [], [LoadProblem(where, reason, line, file=where)]
