@@ -32,14 +32,17 @@ import anyio
 import yaml
 from mcp import ClientSession, StdioServerParameters, stdio_client, types
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import ValidationError
 
 from cleveragents.errors import ConfigurationError
+from cleveragents.skills.model import Skill
 
 __all__ = [
     "IMPORT_TIMEOUT_S",
     "RemoteServer",
     "import_skill",
     "list_remote_tools",
+    "refuse_unsafe",
     "skill_document",
     "tool_access",
 ]
@@ -205,7 +208,25 @@ def import_skill(name: str, remote: RemoteServer, *, timeout_s: float = IMPORT_T
         "# writes/side_effects/idempotent come from the tools' MCP annotations "
         "(docs/mcp.md); review them.\n"
     )
-    body = yaml.safe_dump(
-        skill_document(name, remote, info, tools), sort_keys=False, allow_unicode=True
-    )
+    document = skill_document(name, remote, info, tools)
+    refuse_unsafe(document, remote)
+    body = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
     return header + body
+
+
+def refuse_unsafe(document: dict[str, Any], remote: RemoteServer) -> None:
+    """Refuse a skill a worker would refuse to load, such as a schema that refers outside
+    itself: a lying server's schema is never copied into a skill file.
+
+    Raises:
+        ConfigurationError: naming the tool and the first problem.
+    """
+    try:
+        Skill.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        reason = str(first.get("ctx", {}).get("error") or first["msg"])
+        raise ConfigurationError(
+            f"not imported from MCP server {remote.describe()}: {where}: {reason}"
+        ) from None

@@ -35,7 +35,7 @@ def compiled(schema: dict[str, Any]) -> Any:
     if hit is not None and hit[0] is schema:
         return hit[1]
     try:
-        validator = jsonschema_rs.validator_for(schema)
+        validator = _validator(schema)
     except (jsonschema_rs.ValidationError, ValueError) as exc:
         # A catalogue bug, not the caller's: the tool cannot be made ready to run.
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -51,10 +51,25 @@ def compiled(schema: dict[str, Any]) -> Any:
 def schema_problem(schema: dict[str, Any]) -> str | None:
     """Why ``schema`` is not a valid JSON Schema, or None when it is."""
     try:
-        jsonschema_rs.validator_for(schema)
+        _validator(schema)
     except (jsonschema_rs.ValidationError, ValueError) as exc:
         return str(exc).splitlines()[0]
     return None
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    # Never fetch: a reference outside the schema (a file, a URL, a remote meta-schema)
+    # is refused before anything is read; the standard drafts are built in.
+    return jsonschema_rs.validator_for(schema, retriever=_refuse_retrieval)
+
+
+class RetrievalRefused(ValueError):
+    """Raised when a schema refers to a document outside itself: nothing is fetched."""
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    shown = uri if len(uri) <= 60 else uri[:57] + "..."
+    raise RetrievalRefused(f"it refers to {shown!r}, outside itself: nothing is fetched")
 
 
 def _json_kind(instance: Any) -> str:

@@ -43,6 +43,33 @@ def _check_name(value: str, what: str) -> str:
     return value
 
 
+#: Keywords that point at another schema: only a place inside this one may be named.
+_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _refs_inside(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``schema``, when every reference in it points inside it (``#...``).
+
+    A reference to a file or a URL would make every worker, ``mcp serve`` and
+    ``skills check`` read it: never fetched, so a problem of the skill file.
+    """
+    stack: list[Any] = [schema]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in _REF_KEYWORDS and isinstance(item, str) and not item.startswith("#"):
+                    shown = item if len(item) <= 60 else item[:57] + "..."
+                    raise ValueError(
+                        f"{key} {shown!r} reaches outside the schema: references are "
+                        "followed only inside the schema itself ('#/...'); nothing is fetched"
+                    )
+                stack.append(item)
+        elif isinstance(value, list):
+            stack.extend(value)
+    return schema
+
+
 class ToolSpec(BaseModel):
     """One tool: which kind runs it, what it may touch, and its schemas.
 
@@ -102,6 +129,11 @@ class ToolSpec(BaseModel):
     @classmethod
     def _namespaced(cls, value: str) -> str:
         return _check_name(value, "tool")
+
+    @field_validator("input_schema", "output_schema")
+    @classmethod
+    def _schema_refs_inside(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _refs_inside(value)
 
     @field_validator("source")
     @classmethod
@@ -178,7 +210,7 @@ class Skill(BaseModel):
         # than a pydantic error escaping resolution (SkillDefinition rejects it).
         if value is not None and "type" not in value:
             raise ValueError("a skill's JSON Schema must include a 'type' key")
-        return value
+        return _refs_inside(value)
 
     @field_validator("version", mode="before")
     @classmethod
