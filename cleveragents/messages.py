@@ -18,7 +18,7 @@ from cleveragents.constants import REDACTED
 from cleveragents.errors import SkillErrorType
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
-from cleveragents.runtime.text import strings_in
+from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import SkillResult
 
 __all__ = [
@@ -51,8 +51,6 @@ _KEY_MAX_CHARS = 64
 _TOOLS_SHOWN = 3
 #: A batch id shown in Flower: what ``batch submit --batch-id`` and our producers make.
 _BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
-#: Argument strings shorter than this are not blanked out of a failure's message (words).
-_SHORTEST_BLANKED = 4
 
 
 class SkillInvocationFailed(Exception):
@@ -247,10 +245,7 @@ def failure_summary(result: SkillResult, arguments: Any = None) -> str:
     if error is None:
         return "failed"
     summary = f"{error.error_type}: {error.message}".replace("\n", " ")
-    secrets = {s for s in strings_in(arguments) if len(s) >= _SHORTEST_BLANKED}
-    for secret in sorted(secrets, key=len, reverse=True):
-        summary = summary.replace(secret, REDACTED)
-    return summary
+    return blank_arguments(summary, arguments, REDACTED)
 
 
 def _unreadable(request_id: str, why: str) -> dict[str, Any]:

@@ -32,6 +32,8 @@ KIND_DB = 8
 #: Set when the tests use an existing Redis (tests/conftest.py): then its database is used.
 EXTERNAL_REDIS = bool(os.environ.get("CLEVERAGENTS_TEST_REDIS_URL"))
 SKILL = "remote/fixture"
+#: Servers run as the worker's own user (see the fleet fixture).
+ROOT_TOOL_USER = {"CLEVERAGENTS_TOOL_USER": "root"} if os.geteuid() == 0 else {}
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ def fleet(session_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
         "CLEVERAGENTS_CATALOGUE": os.pathsep.join([str(MCP_KIND_SKILLS), str(http_skills)]),
         "CLEVERAGENTS_READ_ONLY": "0",
         "FIXTURE_TOKEN": "Bearer not-a-real-token",
+        # The fixture server needs this venv's interpreter and the MCP SDK, which the tool
+        # user of a root worker (nobody) cannot run from a checkout in root's home: these
+        # tests are about the kind, tests/runtime/test_mcp_confinement.py about the user.
+        **ROOT_TOOL_USER,
     }
     worker = Worker(env, concurrency=1).start()
     client = SkillClient(settings=Settings.from_env({"CLEVERAGENTS_BROKER_URL": broker}))
@@ -112,12 +118,17 @@ def test_arguments_the_input_schema_refuses_never_reach_the_remote(
     assert not notes.exists()
 
 
-def test_a_remote_error_is_a_tool_execution_failure_with_the_remote_text(fleet: Fleet) -> None:
+def test_a_remote_error_is_a_tool_execution_failure_with_the_remote_text_arguments_blanked(
+    fleet: Fleet,
+) -> None:
+    # The remote's text repeats its argument, which may be a secret: blanked, as for a
+    # command tool's stderr (issue 29, attack 9); the rest of what it said is kept.
     result = fleet.call("fail", {"message": "the remote says no"})
 
     assert result.error is not None
     assert result.error.error_type == SkillErrorType.TOOL_EXECUTION_FAILURE
-    assert "the remote says no" in result.error.message
+    assert "Error executing tool fail: [redacted]" in result.error.message
+    assert "the remote says no" not in str(result.error)
     assert result.error.details["remote_tool"] == "fail"
 
 
@@ -221,7 +232,9 @@ def test_a_worker_that_shuts_down_stops_the_stdio_servers_of_its_processes(
     }
     (tmp_path / "skills").mkdir()
     (tmp_path / "skills" / "lingering.yaml").write_text(yaml.safe_dump(skill), encoding="utf-8")
-    worker = start_worker(redis_url, concurrency=1, CLEVERAGENTS_CATALOGUE=str(tmp_path / "skills"))
+    worker = start_worker(
+        redis_url, concurrency=1, CLEVERAGENTS_CATALOGUE=str(tmp_path / "skills"), **ROOT_TOOL_USER
+    )
     assert client.submit("remote/lingering", "remote/whoami").result(timeout=60).success
 
     # When the worker shuts down warmly (SIGTERM to its main process).

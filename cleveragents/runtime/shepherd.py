@@ -1,7 +1,8 @@
 """The shepherd: one small process per command tool, which leaves nothing of the tool behind.
 
 The command kind runs it as ``python -I -S shepherd.py STATUS_FD PARENT
-DEADLINE_S UID GID -- ARGV...`` (isolated: no ``PYTHONPATH``, no site; C modules
+DEADLINE_S UID GID -- ARGV...`` (the ``mcp`` kind, for a stdio server, with ``-``
+for STATUS_FD: no status pipe) (isolated: no ``PYTHONPATH``, no site; C modules
 of the standard library only, so it starts in about the time of a bare
 interpreter; never imported by the library). It:
 
@@ -72,7 +73,9 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def _report(fd: int, *words: object) -> None:
+def _report(fd: int | None, *words: object) -> None:
+    if fd is None:  # "-": nobody listens (an MCP server's shepherd, told to stop by SIGTERM)
+        return
     try:  # noqa: SIM105  (contextlib costs milliseconds to import: this starts per tool)
         os.write(fd, (" ".join(str(w) for w in words) + "\n").encode(errors="replace"))
     except OSError:
@@ -238,7 +241,7 @@ def _config(args: list[str]) -> dict[str, Any]:
     if marker != "--" or not argv:
         raise SystemExit("usage: shepherd.py STATUS_FD PARENT DEADLINE_S UID GID -- ARGV...")
     return {
-        "status_fd": int(status),
+        "status_fd": None if status == "-" else int(status),
         "parent": int(parent),
         "deadline_s": float(deadline_s),
         "uid": None if uid == "-" else int(uid),
@@ -251,7 +254,8 @@ def main() -> int:
     """Run the tool the command line names (see the module docstring)."""
     config = _config(sys.argv[1:])
     status_fd = config["status_fd"]
-    os.set_inheritable(status_fd, False)  # the tool must not hold (or write to) the status pipe
+    if status_fd is not None:  # the tool must not hold (or write to) the status pipe
+        os.set_inheritable(status_fd, False)
     _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
     me = os.getpid()
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -262,6 +266,9 @@ def main() -> int:
         return 0
     deadline = time.monotonic() + config["deadline_s"]
     tool, exec_error = _start(config)
+    if exec_error and status_fd is None:  # no status pipe: the program's stderr says it
+        who = "" if config["uid"] is None else f" as uid {config['uid']}"
+        _report(2, f"cannot run {config['argv'][0]!r}{who}: {exec_error}")
     _detach_stdio()
     if exec_error:
         _reap(tool)

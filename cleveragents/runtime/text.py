@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "blank_arguments",
     "holds_lone_surrogate",
     "json_text",
     "lone_surrogate",
@@ -98,3 +99,20 @@ def strings_in(value: Any) -> Iterator[str]:
     elif isinstance(value, list):
         for item in value:
             yield from strings_in(item)
+
+
+#: Argument strings shorter than this are not blanked out of excerpts (they are words).
+SHORTEST_BLANKED = 4
+
+
+def blank_arguments(text: str, arguments: Any, blank: str) -> str:
+    """``text`` with every argument string in it (and its JSON spelling) replaced by ``blank``.
+
+    What a tool or a server says on failure (its stderr, an error text) is shown to
+    people and stored: it must not repeat the arguments, which can hold secrets.
+    """
+    secrets = {s for s in strings_in(arguments) if len(s) >= SHORTEST_BLANKED}
+    secrets |= {json.dumps(s)[1:-1] for s in secrets}  # as a tool echoing its JSON input shows it
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, blank)
+    return text

@@ -42,7 +42,7 @@ from cleveragents.errors import (
 from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
 from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
-from cleveragents.runtime.text import strings_in
+from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 
 __all__ = [
@@ -58,8 +58,6 @@ __all__ = [
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 #: The variable that names a command tool's skill folder (set when it has one).
 SKILL_DIR_ENV = "CLEVERAGENTS_SKILL_DIR"
-#: Argument strings shorter than this are not blanked out of excerpts (they are words).
-_SHORTEST_REDACTED = 4
 
 
 def _in_folder(word: str, folder: Path, *, program: bool) -> str:
@@ -114,11 +112,7 @@ def _environment(
 
 def _excerpt(raw: bytes, arguments: dict[str, Any], *, head: bool) -> str:
     """The first or last characters of ``raw``, every argument string in it blanked out."""
-    text = raw.decode("utf-8", errors="replace")
-    secrets = {s for s in strings_in(arguments) if len(s) >= _SHORTEST_REDACTED}
-    secrets |= {json.dumps(s)[1:-1] for s in secrets}  # as a tool echoing its JSON input shows it
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+    text = blank_arguments(raw.decode("utf-8", errors="replace"), arguments, REDACTED)
     return text[:STDOUT_HEAD_CHARS] if head else text[-STDERR_TAIL_CHARS:]
 
 
@@ -193,7 +187,7 @@ def _check(
 
 
 @contextlib.contextmanager
-def _scratch(user: ToolUser | None) -> Iterator[str]:
+def scratch_folder(user: ToolUser | None) -> Iterator[str]:
     """A private folder for the tool's resource changes (its home and TMPDIR as another user)."""
     with tempfile.TemporaryDirectory(prefix="cleveragents-") as folder:
         if user is not None:
@@ -224,7 +218,7 @@ def run_command_tool(
     argv = resolve_command(list(tool.command or []), tool.skill_folder)
     payload = json.dumps(arguments).encode()
     limit = max_output_bytes()
-    with _scratch(user) as scratch:
+    with scratch_folder(user) as scratch:
         env = _environment(tool, scratch, user, own_python)
         try:
             finished = run_confined(argv, env, payload, timeout_s, max_stdout=limit, user=user)

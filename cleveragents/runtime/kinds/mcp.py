@@ -29,6 +29,7 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from cleveragents.constants import REDACTED, STDERR_TAIL_CHARS, STDOUT_HEAD_CHARS
 from cleveragents.errors import ToolActivationError, ToolExecutionError, ToolTimedOut
 from cleveragents.runtime.kinds.mcp_sessions import (
     CallTimedOut,
@@ -37,6 +38,7 @@ from cleveragents.runtime.kinds.mcp_sessions import (
     ServerUnavailable,
     sessions,
 )
+from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 
 __all__ = ["KIND", "McpKind", "check_mcp_tool", "output_of", "run_mcp_tool", "server_of"]
@@ -160,6 +162,16 @@ def output_of(tool: ToolSpec, result: types.CallToolResult) -> Any:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
 
+def _said(text: str, arguments: dict[str, Any], keep: int) -> str:
+    """A server's text as shown and stored: the arguments blanked, cut to ``keep`` chars."""
+    text = blank_arguments(text, arguments, REDACTED)
+    return text if len(text) <= keep else text[:keep] + f"... ({len(text) - keep:,} more chars)"
+
+
+def _tail(stderr_tail: str, arguments: dict[str, Any]) -> str:
+    return blank_arguments(stderr_tail, arguments, REDACTED)[-STDERR_TAIL_CHARS:]
+
+
 def _missing_header_variables(tool: ToolSpec, server: ServerSpec) -> None:
     missing = [var for _, var in server.headers_from_env if var not in os.environ]
     if missing:
@@ -183,21 +195,28 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
     _missing_header_variables(tool, server)
     try:
         result = sessions().call(server, remote, arguments, timeout_s)
+        if result.is_error:
+            text = _said(_remote_text(result), arguments, STDOUT_HEAD_CHARS * 5)
+            raise ToolExecutionError(
+                f"MCP tool {remote!r} answered with an error: {text}",
+                details={"remote_tool": remote, "remote_error": text},
+            )
     except CallTimedOut:
         raise ToolTimedOut(tool.name, timeout_s, details={"remote_tool": remote}) from None
     except ServerUnavailable as exc:
         raise ToolActivationError(
             f"tool activation failed for {tool.name!r}: MCP server {server.describe()!r}: {exc}",
-            details={"remote_tool": remote, "stderr_tail": exc.stderr_tail},
+            details={"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)},
         ) from None
     except ConnectionLost as exc:
         raise ToolExecutionError(
             f"MCP server {server.describe()!r} went away during the call of {remote!r}",
-            details={"remote_tool": remote, "stderr_tail": exc.stderr_tail},
+            details={"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)},
         ) from None
     except MCPError as exc:
+        said = _said(exc.message, arguments, STDOUT_HEAD_CHARS * 5)
         raise ToolExecutionError(
-            f"MCP server {server.describe()!r} refused the call of {remote!r}: {exc.message}",
+            f"MCP server {server.describe()!r} refused the call of {remote!r}: {said}",
             details={"remote_tool": remote, "mcp_error_code": exc.code},
         ) from None
     except (RuntimeError, ValidationError) as exc:  # the SDK's checks of the server's answer

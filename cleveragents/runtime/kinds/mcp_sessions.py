@@ -38,10 +38,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from cleveragents.constants import STDERR_TAIL_CHARS
-from cleveragents.runtime.kinds.command import BASE_ENV
+from cleveragents.runtime.confined import SHEPHERD, ToolUser
+from cleveragents.runtime.kinds.command import BASE_ENV, scratch_folder
+from cleveragents.runtime.kinds.command import KIND as COMMAND_KIND
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
+    "SERVER_LIFETIME_S",
     "START_TIMEOUT_S",
     "CallTimedOut",
     "ConnectionLost",
@@ -50,6 +53,7 @@ __all__ = [
     "SessionPool",
     "close_sessions",
     "sessions",
+    "shepherded",
 ]
 
 #: Longest a server may take to start and answer ``initialize``, whatever the calls wait.
@@ -60,6 +64,9 @@ CLOSE_TIMEOUT_S = 6.0
 _BACKSTOP_S = 5.0
 #: A stdio server's stderr file is cut back to its tail past this many bytes.
 _STDERR_KEEP = 1_000_000
+#: A stdio server's shepherd's own deadline: none that matters (a session lives as long as
+#: its process; the shepherd stops the server when told to, or when this process dies).
+SERVER_LIFETIME_S = 10 * 365 * 86400.0
 #: HTTP timeouts of a streamable-HTTP session (the SDK's defaults: a response may stream).
 _HTTP_TIMEOUT_S, _HTTP_READ_TIMEOUT_S = 30.0, 300.0
 
@@ -118,11 +125,28 @@ def stdio_environment(spec: ServerSpec) -> dict[str, str]:
     """A stdio server's environment: the command tools' minimal one, ``pass_env``, ``env``."""
     names = (*BASE_ENV, *spec.pass_env)
     env = {name: os.environ[name] for name in names if name in os.environ}
-    # "python" in a server command means the worker's own interpreter, as for command tools.
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+    # "python" in a server command means the worker's own interpreter, as for command tools
+    # (where the tool user can run it: else the first on PATH it can).
+    path = env.get("PATH", os.defpath)
+    if COMMAND_KIND.own_python:
+        path = os.pathsep.join([os.path.dirname(sys.executable), path])
+    env["PATH"] = path
     env.setdefault("PYTHONPATH", os.getcwd())
     env.update(spec.env)
     return env
+
+
+def shepherded(command: tuple[str, ...], user: ToolUser | None) -> list[str]:
+    """The interpreter's arguments that run a stdio server under its shepherd, as ``user``.
+
+    As for a command tool: the server starts a session of its own, as the tool user
+    (no supplementary groups), and when it ends, or its session is closed (the SDK
+    stops the shepherd), or this process dies (the shepherd's parent-death signal),
+    the shepherd kills every process the server left behind.
+    """
+    owner = [str(user.uid), str(user.gid)] if user is not None else ["-", "-"]
+    lifetime = repr(SERVER_LIFETIME_S)
+    return ["-I", "-S", SHEPHERD, "-", str(os.getpid()), lifetime, *owner, "--", *command]
 
 
 def _first_leaf(exc: BaseException) -> BaseException:
@@ -230,20 +254,23 @@ class _Connection:
             async with self._http() as streams:
                 yield streams
             return
-        params = StdioServerParameters(
-            command=self.spec.command[0],
-            args=list(self.spec.command[1:]),
-            env=stdio_environment(self.spec),
-        )
         assert self._stderr is not None
-        async with stdio_client(params, errlog=self._stderr.file) as (read, write):
-            # Relay what the server says, to see its end: an idle server that exits
-            # marks the session dead, so the next call starts it again.
-            send, relayed = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-            async with anyio.create_task_group() as relay:
-                relay.start_soon(self._relay, read, send)
-                yield relayed, write
-                relay.cancel_scope.cancel()
+        user = COMMAND_KIND.user
+        with scratch_folder(user) as scratch:
+            env = stdio_environment(self.spec)
+            if user is not None:  # the worker's home and temporary folder are not the user's
+                env["HOME"] = env["TMPDIR"] = scratch
+            params = StdioServerParameters(
+                command=sys.executable, args=shepherded(self.spec.command, user), env=env
+            )
+            async with stdio_client(params, errlog=self._stderr.file) as (read, write):
+                # Relay what the server says, to see its end: an idle server that exits
+                # marks the session dead, so the next call starts it again.
+                send, relayed = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+                async with anyio.create_task_group() as relay:
+                    relay.start_soon(self._relay, read, send)
+                    yield relayed, write
+                    relay.cancel_scope.cancel()
 
     @asynccontextmanager
     async def _http(self) -> AsyncIterator[_Streams]:
