@@ -40,11 +40,34 @@ def mcp() -> None:
     "--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="HTTP: port."
 )
 @click.option("--allow-writes", is_flag=True, help="Let write-capable tools run.")
-def serve_command(transport: str, host: str, port: int, allow_writes: bool) -> None:
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="HTTP: open sessions kept at most; the least recently used idle one makes room.",
+)
+@click.option(
+    "--session-idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="HTTP: close a session after this long without a request in flight.",
+)
+def serve_command(
+    transport: str,
+    host: str,
+    port: int,
+    allow_writes: bool,
+    max_sessions: int,
+    session_idle_timeout: float,
+) -> None:
     """Serve every skill's tools over MCP; each call runs as an invocation on the fleet.
 
     Over HTTP, clients send Authorization: Bearer $CLEVERAGENTS_MCP_TOKEN; off
-    loopback the server refuses to start without that token.
+    loopback the server refuses to start without that token. On loopback without
+    it, requests whose Host or Origin is not this server are refused.
     """
     from cleveragents.mcp.serve import ServeOptions, serve
 
@@ -55,6 +78,8 @@ def serve_command(transport: str, host: str, port: int, allow_writes: bool) -> N
         host=host,
         port=port,
         allow_writes=allow_writes,
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
         token=settings.mcp_token,
     )
     serve(options, settings)

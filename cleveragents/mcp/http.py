@@ -1,10 +1,13 @@
-"""Streamable HTTP at ``/mcp``, behind ``Authorization: Bearer $CLEVERAGENTS_MCP_TOKEN``.
+"""Streamable HTTP at ``/mcp``: who may call, and how many sessions it keeps.
 
 The server binds to 127.0.0.1 unless told otherwise. Off the loopback interface
 it refuses to start without a token; with a token every HTTP request must carry
-it (401 otherwise), compared in constant time. On loopback without a token it
-serves anyone on this machine, with a warning (the SDK's DNS-rebinding check
-keeps web pages out).
+it (401 otherwise), compared in constant time (``BearerGuard``). On loopback
+without a token it serves any process on this machine, with a warning, and
+``HostGuard`` keeps web pages out: a request whose Host or Origin names anything
+but the listen address or a loopback name is refused (DNS rebinding). Either
+way ``SessionLimit`` keeps at most ``--max-sessions`` sessions, closing the
+least recently used idle one to make room, so one client cannot lock out others.
 """
 
 from __future__ import annotations
@@ -12,21 +15,32 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import logging
 import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cleveragents.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_HOST",
+    "DEFAULT_MAX_SESSIONS",
     "DEFAULT_PORT",
+    "DEFAULT_SESSION_IDLE_TIMEOUT",
     "MCP_PATH",
     "TOKEN_ENV",
     "BearerGuard",
+    "HostGuard",
+    "SessionLimit",
     "check_http_options",
+    "guarded_app",
     "is_loopback",
 ]
+
+log = logging.getLogger("cleveragents.mcp")
 
 #: The environment variable holding the bearer token HTTP clients must send.
 TOKEN_ENV = "CLEVERAGENTS_MCP_TOKEN"
@@ -35,6 +49,10 @@ MCP_PATH = "/mcp"
 #: Defaults of ``cleveragents mcp serve --transport http``.
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+#: Default of ``--max-sessions``: open MCP sessions one server keeps at most.
+DEFAULT_MAX_SESSIONS = 100
+#: Default of ``--session-idle-timeout``: seconds without a request before a session is closed.
+DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
 
 
 def is_loopback(host: str) -> bool:
@@ -103,18 +121,299 @@ class BearerGuard:
 
 
 async def _unauthorised(send: Send) -> None:
-    body = json.dumps(
-        {"error": "invalid_token", "error_description": f"send Authorization: Bearer ${TOKEN_ENV}"}
-    ).encode()
+    await _answer(
+        send, 401,
+        {"error": "invalid_token", "error_description": f"send Authorization: Bearer ${TOKEN_ENV}"},
+        (b"www-authenticate", b'Bearer realm="cleveragents-mcp"'),
+    )
+
+
+async def _answer(send: Send, status: int, body: object, *headers: tuple[bytes, bytes]) -> None:
+    """A whole JSON response, for requests refused before the SDK sees them."""
+    data = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 401,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b'Bearer realm="cleveragents-mcp"'),
+                (b"content-length", str(len(data)).encode()),
+                *headers,
             ],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
+    """Every value of header ``name`` (lower-case) in ASGI headers."""
+    return [bytes(value) for key, value in headers if bytes(key).lower() == name]
+
+
+# --- Host and Origin: no DNS rebinding on any spelling of loopback -------------------
+
+#: Names every tokenless server answers to besides its listen address: what a local
+#: client writes in its URL. An IP literal cannot be rebound; ``localhost`` is never
+#: resolved through DNS (RFC 6761), so none of them can point a web page here.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _name_key(name: str) -> str | ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """What two names are compared by: the address for an IP literal (any spelling), else the
+    lower-cased name."""
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return name.lower()
+
+
+def _authority_name(authority: str) -> str | None:
+    """The host name of ``host[:port]`` (``[v6][:port]``), or None when it is malformed."""
+    if authority.startswith("["):
+        name, bracket, port = authority[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return None
+        port = port[1:]
+    else:
+        name, _, port = authority.partition(":")
+    if not name or (port != "" and not port.isdigit()):
+        return None
+    return name
+
+
+class HostGuard:
+    """ASGI middleware: without a token, only requests to this server's own names pass.
+
+    DNS rebinding points a name the attacker owns at 127.0.0.1 (any 127.x, ``::1``):
+    the browser then sends ``Host: attacker.example`` and ``Origin:
+    http://attacker.example``. Host must name the listen address or a loopback name
+    (421 otherwise: the request was meant for another site); Origin, when sent, must
+    be ``http(s)://`` one of the same names (403 otherwise: a page of another site).
+    Ports are not compared: a rebinding page cannot change the name, and a port
+    forward (``ssh -L``) legitimately changes the port.
+    """
+
+    def __init__(self, app: ASGIApp, listen_host: str) -> None:
+        self.app = app
+        self._names = {_name_key(name) for name in (listen_host.strip("[]"), *LOOPBACK_NAMES)}
+
+    def _ours(self, authority: bytes) -> bool:
+        name = _authority_name(authority.decode("latin-1").strip())
+        return name is not None and _name_key(name) in self._names
+
+    def host_allowed(self, scope: Scope) -> bool:
+        """Exactly one Host header, naming this server."""
+        hosts = _header_values(scope.get("headers", ()), b"host")
+        return len(hosts) == 1 and self._ours(hosts[0])
+
+    def origin_allowed(self, scope: Scope) -> bool:
+        """No Origin header, or only ones naming this server (``null`` is a foreign page)."""
+        for origin in _header_values(scope.get("headers", ()), b"origin"):
+            scheme, sep, authority = origin.strip().partition(b"://")
+            if not sep or scheme.lower() not in (b"http", b"https") or b"/" in authority:
+                return False
+            if not self._ours(authority):
+                return False
+        return True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if not self.host_allowed(scope):
+                await _answer(send, 421, {"error": "misdirected_request", "error_description":
+                                          "the Host header does not name this server"})
+                return
+            if not self.origin_allowed(scope):
+                await _answer(send, 403, {"error": "forbidden_origin", "error_description":
+                                          "requests from other sites' pages are refused"})
+                return
+        await self.app(scope, receive, send)
+
+
+# --- Sessions: a bounded table where the least recently used idle session makes room --
+
+#: The response header (and request header) that carries a session's id.
+SESSION_HEADER = b"mcp-session-id"
+#: Seconds past the idle timeout after which a session is surely closed by the SDK.
+_IDLE_SLACK = 1.0
+#: At most one warning about the session limit per this many seconds.
+_WARN_EVERY = 60.0
+
+
+@dataclass
+class _Use:
+    """What the limit knows of one open session."""
+
+    in_flight: int
+    last_active: float
+
+
+class SessionLimit:
+    """ASGI middleware: at most ``max_sessions`` MCP sessions; a new one takes an idle one's place.
+
+    A session is idle when no request of it is in flight (an open GET stream is
+    one). When a request without a session id would open one more than
+    ``max_sessions``, the least recently used idle session is closed through the
+    SDK's own front door (a DELETE with its id); when none is idle, the new
+    session is refused with 503. One client opening sessions in a loop thus only
+    recycles idle sessions (its own, first of all) and never stops the next
+    client from getting one, while a client that keeps a stream open keeps its
+    session. The table never holds more than ``max_sessions`` sessions; one the
+    SDK closed after ``idle_timeout`` is forgotten soon after.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_sessions: int,
+        idle_timeout: float,
+        *,
+        path: str = MCP_PATH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_sessions < 1 or not idle_timeout > 0:
+            raise ValueError("max_sessions and idle_timeout must be positive")
+        self.app = app
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self._path = path
+        self._clock = clock
+        self._sessions: dict[str, _Use] = {}
+        self._opening = 0
+        self._closed = 0
+        self._warned_at: float | None = None
+
+    @property
+    def open_sessions(self) -> int:
+        """Sessions known to be open (for tests and logs)."""
+        return len(self._sessions)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != self._path:
+            await self.app(scope, receive, send)
+            return
+        ids = _header_values(scope.get("headers", ()), SESSION_HEADER)
+        if ids:
+            await self._in_session(ids[0].decode("latin-1"), scope, receive, send)
+        elif scope.get("method") == "POST":
+            await self._opening_request(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)  # the SDK refuses it; it opens nothing
+
+    async def _in_session(self, session_id: str, scope: Scope, receive: Receive,
+                          send: Send) -> None:
+        use = self._sessions.get(session_id)
+        if use is None:  # unknown or closed: the SDK answers 404
+            await self.app(scope, receive, send)
+            return
+        status: int | None = None
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        use.in_flight += 1
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            use.in_flight -= 1
+            use.last_active = self._clock()
+            ended = status == 404 or (scope.get("method") == "DELETE" and status == 200)
+            if ended and self._sessions.get(session_id) is use:
+                del self._sessions[session_id]
+
+    async def _opening_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._forget_expired()
+        if len(self._sessions) + self._opening >= self.max_sessions:
+            victim = self._least_recently_used_idle()
+            if victim is None:
+                self._warn(f"all {self.max_sessions} sessions are in use: refusing a new one")
+                await _answer(send, 503, {"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32000,
+                    "message": f"too many open sessions: all {self.max_sessions} are in use; "
+                               "retry when one ends",
+                }})
+                return
+            del self._sessions[victim]
+            self._opening += 1
+            self._closed += 1
+            self._warn(f"{self.max_sessions} sessions open: closing the least recently used "
+                       "idle ones to make room")
+            await self._close(victim, scope)
+        else:
+            self._opening += 1
+        opened: _Use | None = None
+
+        async def watch(message: Message) -> None:
+            nonlocal opened
+            if message["type"] == "http.response.start" and opened is None:
+                ids = _header_values(message.get("headers", ()), SESSION_HEADER)
+                if message["status"] < 400 and ids:
+                    opened = self._sessions[ids[0].decode("latin-1")] = _Use(1, self._clock())
+                    self._opening -= 1
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if opened is None:
+                self._opening -= 1
+            else:
+                opened.in_flight -= 1
+                opened.last_active = self._clock()
+
+    def _forget_expired(self) -> None:
+        """Forget sessions idle past the timeout: the SDK has closed them."""
+        horizon = self._clock() - self.idle_timeout - _IDLE_SLACK
+        for session_id, use in list(self._sessions.items()):
+            if not use.in_flight and use.last_active < horizon:
+                del self._sessions[session_id]
+
+    def _least_recently_used_idle(self) -> str | None:
+        idle = [(use.last_active, sid) for sid, use in self._sessions.items() if not use.in_flight]
+        return min(idle)[1] if idle else None
+
+    async def _close(self, session_id: str, scope: Scope) -> None:
+        """End a session as its client would: DELETE with its id, straight to the SDK."""
+        hosts = [(b"host", host) for host in _header_values(scope.get("headers", ()), b"host")]
+        closing = {**scope, "method": "DELETE", "query_string": b"",
+                   "headers": [*hosts, (SESSION_HEADER, session_id.encode("latin-1"))]}
+        requested = False
+
+        async def receive() -> Message:
+            nonlocal requested
+            if requested:
+                return {"type": "http.disconnect"}
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def discard(message: Message) -> None:
+            return None
+
+        try:
+            await self.app(closing, receive, discard)
+        except Exception:  # the SDK closes it on its own at the idle timeout anyway
+            log.warning("could not close an idle session to make room", exc_info=True)
+
+    def _warn(self, what: str) -> None:
+        now = self._clock()
+        if self._warned_at is None or now - self._warned_at >= _WARN_EVERY:
+            self._warned_at = now
+            log.warning("%s (%d idle sessions closed so far)", what, self._closed)
+
+
+def guarded_app(
+    app: ASGIApp,
+    *,
+    host: str,
+    token: str | None,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT,
+) -> ASGIApp:
+    """The SDK's app behind the session limit, then the token or, without one, Host and Origin.
+
+    The outer guard refuses first, so a refused request never costs a session its place.
+    """
+    limited = SessionLimit(app, max_sessions, idle_timeout)
+    return BearerGuard(limited, token) if token else HostGuard(limited, host)

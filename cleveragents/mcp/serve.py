@@ -25,12 +25,13 @@ from cleveragents.client import SkillClient
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.mcp.http import (
     DEFAULT_HOST,
+    DEFAULT_MAX_SESSIONS,
     DEFAULT_PORT,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
     MCP_PATH,
     TOKEN_ENV,
-    BearerGuard,
     check_http_options,
-    is_loopback,
+    guarded_app,
 )
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.mcp.server import FleetTools, build_server
@@ -48,12 +49,16 @@ Transport = Literal["stdio", "http"]
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How ``mcp serve`` serves: transport, address, writes, and the HTTP token."""
+    """How ``mcp serve`` serves: transport, address, writes, HTTP sessions and token."""
 
     transport: Transport = "stdio"
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     allow_writes: bool = False
+    #: HTTP: open sessions kept at most; the least recently used idle one makes room.
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    #: HTTP: seconds a session may go without a request in flight before it is closed.
+    session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
     #: The bearer token HTTP clients must send (``CLEVERAGENTS_MCP_TOKEN``); never logged.
     token: str | None = field(default=None, repr=False)
 
@@ -183,13 +188,25 @@ async def _serve_stdio(server: Server[Any]) -> None:
         async with stdio_server(stdin=pipe_lines(0)) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
         group.cancel_scope.cancel()
+
+
 async def _serve_http(server: Server[Any], options: ServeOptions) -> None:
     import uvicorn  # only the HTTP transport needs it
+    from mcp.server.transport_security import TransportSecuritySettings
 
-    app: Any = server.streamable_http_app(streamable_http_path=MCP_PATH, host=options.host)
-    if options.token:
-        app = BearerGuard(app, options.token)
-    elif is_loopback(options.host):
+    sdk_app = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        host=options.host,
+        # Host and Origin are checked in one place, HostGuard, for every loopback spelling;
+        # the SDK's own check covers only three of them and would refuse reverse proxies.
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        session_idle_timeout=options.session_idle_timeout,
+        # SessionLimit keeps max_sessions; the SDK's limit is only a backstop.
+        max_sessions=2 * options.max_sessions,
+    )
+    app = guarded_app(sdk_app, host=options.host, token=options.token,
+                max_sessions=options.max_sessions, idle_timeout=options.session_idle_timeout)
+    if not options.token:
         log.warning("%s is not set: any local process may call the tools", TOKEN_ENV)
     config = uvicorn.Config(
         app, host=options.host, port=options.port, log_level="warning", lifespan="on"
