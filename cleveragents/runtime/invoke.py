@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_OUTPUT_BYTES",
     "BeforeWrite",
+    "claims_write",
     "effective_timeout",
     "invoke",
     "nested_deeper",
@@ -181,25 +182,33 @@ def parse_request(
     return request
 
 
+def timeout_of(
+    tool_s: float | None, request_s: float | None, default: float, maximum: float = MAX_TIMEOUT_S
+) -> float:
+    """The smaller of the tool's and the request's timeouts, where given, else ``default``.
+
+    Never more than ``maximum``: a producer does not set the worker's clock. The one
+    place this rule lives: the runtime's deadline and the worker's hard time limit
+    (``cleveragents/worker/time_limits.py``) both come from it.
+    """
+    given = [t for t in (tool_s, request_s) if t is not None]
+    return min(min(given) if given else default, maximum)
+
+
 def effective_timeout(
     entry: ResolvedToolEntry,
     request: SkillInvocationRequest,
     default: float,
     maximum: float = MAX_TIMEOUT_S,
 ) -> float:
-    """The smaller of the tool's and the request's timeouts, where given, else ``default``.
-
-    Never more than ``maximum``: a producer does not set the worker's clock.
-    """
+    """``timeout_of`` a resolved tool and a parsed request."""
     return timeout_of(entry.tool.timeout_s, request.timeout_s, default, maximum)
 
 
-def timeout_of(
-    tool_s: float | None, request_s: float | None, default: float, maximum: float = MAX_TIMEOUT_S
-) -> float:
-    """``effective_timeout`` from the two timeouts themselves (the worker's hard limit uses it)."""
-    given = [t for t in (tool_s, request_s) if t is not None]
-    return min(min(given) if given else default, maximum)
+def claims_write(tool: ToolSpec) -> bool:
+    """Whether a run of ``tool`` is claimed before it starts (``before_write``): a write
+    that is not idempotent. The worker's hard time limit counts the wait for a claim."""
+    return tool.write_capable and not tool.idempotent
 
 
 def _check_changes(changes: Any) -> list[dict[str, Any]]:
@@ -281,7 +290,7 @@ def _execute(
         definition.input_schema, request.arguments, root="arguments", source="skill input_schema"
     )
     timeout_s = effective_timeout(entry, request, default_timeout_s, max_timeout_s)
-    if before_write is not None and tool.write_capable and not tool.idempotent:
+    if before_write is not None and claims_write(tool):
         before_write(request, tool, timeout_s)
     data, changes = _run(entry, request.arguments, timeout_s, max_output_bytes)
     # Output and resource changes together stay within the limit: nothing larger is stored.

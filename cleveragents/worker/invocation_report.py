@@ -12,17 +12,6 @@ from cleveragents.stores import MetricStore
 __all__ = ["WorkerObserver", "catalogue_tools"]
 
 
-def _known_to(catalogue: Catalogue) -> Callable[[str, str], bool]:
-    def known(skill: str, tool: str) -> bool:
-        try:
-            catalogue.find_tool(skill, tool)
-        except Exception:  # not found, not resolvable: a name the catalogue does not serve
-            return False
-        return True
-
-    return known
-
-
 def catalogue_tools(catalogue: Catalogue) -> list[tuple[str, str]]:
     """Every (skill, tool) the catalogue serves: a tool once under each skill that reaches it."""
     return [
@@ -30,6 +19,13 @@ def catalogue_tools(catalogue: Catalogue) -> list[tuple[str, str]]:
         for name in catalogue.names
         for entry in catalogue.resolve(name).resolved_tools
     ]
+
+
+def _known_to(catalogue: Catalogue) -> Callable[[str, str], bool]:
+    # The names taken once: counting an invocation does not look its tool up in the
+    # catalogue again (the runtime's lookup is the delivery's one in this process).
+    served = frozenset(catalogue_tools(catalogue))
+    return lambda skill, tool: (skill, tool) in served
 
 
 class WorkerObserver:

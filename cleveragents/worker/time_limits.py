@@ -4,9 +4,17 @@ The runtime stops a tool at its timeout, but a python tool runs in the pool
 process and can refuse to stop (it swallows every interruption, or blocks the
 alarm signal and sleeps in C). So every task message gets a hard time limit
 when the worker admits it (``cleveragents/worker/admission.py``): the invocation's timeout,
-computed as the runtime computes it, plus ``HARD_LIMIT_GRACE_S``. Past it Celery
-ends the pool process (``SIGTERM``, then ``SIGKILL``) and starts another; the
-tool costs one pool process, never the worker.
+by the runtime's own rule (``timeout_of``, ``claims_write``), plus ``HARD_LIMIT_GRACE_S``.
+Past it Celery ends the pool process (``SIGTERM``, then ``SIGKILL``) and starts
+another; the tool costs one pool process, never the worker.
+
+So each delivery's tool is looked up once in each process: here, in the main
+process, as the message is admitted (the limit is set before a pool process
+receives it; a chunk looks each of its tools up once), and in the pool process by
+the runtime, which needs the resolved tool itself to run it (an object no message
+carries). The limit is the timeout plus graces, so the runtime cannot read the
+timeout back from it; it computes its own by the same rule. (A delivery the limit
+ends is looked up here once more, to word its failure: ``hard_limit_result``.)
 
 What the producer then finds:
 
@@ -34,7 +42,7 @@ from cleveragents.errors import SkillErrorType
 from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
 from cleveragents.pipeline import chunk
 from cleveragents.pipeline.guard import CLAIM_GRACE_S
-from cleveragents.runtime.invoke import timeout_of
+from cleveragents.runtime.invoke import claims_write, timeout_of
 from cleveragents.runtime.outcomes import failed_result, names_of
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
@@ -56,28 +64,32 @@ def _request_timeout(body: dict[str, Any]) -> float | None:
 def invocation_timeout(
     body: Any, catalogue: Catalogue, settings: Settings, tools: _Tools | None = None
 ) -> tuple[float, bool]:
-    """The invocation's timeout as the runtime computes it, and whether it claims a write.
+    """The invocation's timeout as the runtime will compute it, and whether it claims a write.
 
     An unknown skill or tool, or a body that is not a request, gets the default.
     ``tools`` remembers the tools already looked up (a chunk names a few, many times).
     """
-    default = min(settings.default_timeout_s, settings.max_timeout_s)
+    default_s, max_s = settings.default_timeout_s, settings.max_timeout_s
+    found = _looked_up(body, catalogue, {} if tools is None else tools)
+    if found is None:  # the runtime answers at once, without a tool
+        return timeout_of(None, None, default_s, max_s), False
+    tool_s, claims = found
+    return timeout_of(tool_s, _request_timeout(body), default_s, max_s), claims
+
+
+def _looked_up(body: Any, catalogue: Catalogue, tools: _Tools) -> tuple[float | None, bool] | None:
+    """The main process's one lookup of a body's tool: its timeout and whether it claims
+    a write; None if the body is not a request or the catalogue has no such tool."""
     if not isinstance(body, dict):
-        return default, False
+        return None
     names = names_of(body)
-    tools = {} if tools is None else tools
     if names not in tools:
         try:
             spec = catalogue.find_tool(*names)[1].tool
-            tools[names] = (spec.timeout_s, spec.write_capable and not spec.idempotent)
-        except Exception:  # not in the catalogue: the runtime answers at once
+            tools[names] = (spec.timeout_s, claims_write(spec))
+        except Exception:  # not in the catalogue
             tools[names] = None
-    found = tools[names]
-    if found is None:
-        return default, False
-    tool_s, claims = found
-    request_s = _request_timeout(body)
-    return timeout_of(tool_s, request_s, settings.default_timeout_s, settings.max_timeout_s), claims
+    return tools[names]
 
 
 def invocation_budget_s(
