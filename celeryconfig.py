@@ -7,6 +7,10 @@ app loads); this module, for a checkout, reads the same ones:
 
 from __future__ import annotations
 
-from cleveragents.worker.celeryconfig import from_env
+from cleveragents.worker.celeryconfig import (
+    __dir__,  # noqa: F401  (Celery lists a configuration module's names with dir())
+    __getattr__,  # noqa: F401  (each setting is read on first use, as in the package)
+    from_env,
+)
 
 __all__ = ["from_env"]

@@ -109,7 +109,7 @@ class InvocationHandle:
 
 
 def _refused_for_writes(result: SkillResult) -> bool:
-    """Whether ``result`` is a refusal for want of writes (``stores.results``)."""
+    """Whether ``result`` is a refusal for want of writes (``stores/result_meta.py``)."""
     return result.error is not None and refused_for_writes(result_payload(result, ""))
 
 

@@ -2,7 +2,7 @@
 
 - ``naming``: the catalogue's MCP tools (as ``skills export --format mcp`` names
   them) and the way back from an MCP name to a skill and tool.
-- ``results``: ``SkillResult`` to ``CallToolResult``.
+- ``call_results``: ``SkillResult`` to ``CallToolResult``.
 - ``server``: the ``tools/list`` and ``tools/call`` handlers; calls run as invocations
   on the queue (``SkillClient``).
 - ``http``: the streamable-HTTP endpoint's bearer-token guard and host rules.

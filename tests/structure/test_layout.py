@@ -4,7 +4,11 @@ in one place (``broker/``, and the worker app and its tasks that Celery calls)."
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import cleveragents
 
@@ -59,3 +63,28 @@ def test_the_layout_check_sees_an_internal_import(tmp_path: Path) -> None:
     sample.write_text("from kombu.transport import redis\nfrom celery import Celery\n")
     found = {m for m in _imported_modules(sample) if m not in PUBLIC}
     assert found == {"kombu.transport"}
+
+
+def test_the_checkouts_celeryconfig_gives_the_packages_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery import Celery
+
+    monkeypatch.setenv("CLEVERAGENTS_BROKER_URL", "redis://127.0.0.1:6379/0")
+    apps = []
+    for module in ("celeryconfig", "cleveragents.worker.celeryconfig"):
+        importlib.import_module(module).from_env.cache_clear()
+        app = Celery("layout-test", set_as_current=False)
+        app.config_from_object(module)
+        apps.append(app)
+    checkout, package = apps
+    try:
+        _same_configuration(checkout, package)
+    finally:  # read with this test's environment: not for the next test of this process
+        importlib.import_module("celeryconfig").from_env.cache_clear()
+
+
+def _same_configuration(checkout: Any, package: Any) -> None:
+    assert checkout.conf.worker_consumer == "cleveragents.worker.consumer:SkillConsumer"
+    for name in ("worker_consumer", "broker_url", "task_serializer", "accept_content"):
+        assert checkout.conf[name] == package.conf[name]
