@@ -35,7 +35,7 @@ from benchmarks.queue_bench import BenchWorker  # noqa: E402
 from cleveragents.broker.celery_settings import celery_settings  # noqa: E402
 from cleveragents.client import SkillClient  # noqa: E402
 from cleveragents.settings import Settings  # noqa: E402
-from tests.procs import RedisServer  # noqa: E402
+from tests.support.procs import RedisServer  # noqa: E402
 
 SKILL, TOOL = "local/common", "local/noop"
 

@@ -93,7 +93,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.queue_bench import interruptible  # noqa: E402
-from tests.procs import EXAMPLE_SKILLS, RedisServer, kill_group  # noqa: E402
+from tests.support.procs import EXAMPLE_SKILLS, RedisServer, kill_group  # noqa: E402
 
 CONCURRENCY = 2  # pool processes of every worker (Dramatiq: processes, of 8 threads each)
 DRAMATIQ_THREADS = 8

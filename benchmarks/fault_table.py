@@ -1,4 +1,4 @@
-"""Fault table: every fault scenario of tests/test_faults.py, larger and several times.
+"""Fault table: every fault scenario of tests/faults/test_faults.py, larger and several times.
 
 Each run gets its own private redis-server (AOF, ``appendfsync always``, a free
 port) and real worker processes, killed and restarted by PID, exactly as in the
@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.hostile_rows import rows as hostile_rows  # noqa: E402
-from tests.fault_rig import (  # noqa: E402
+from tests.support.fault_rig import (  # noqa: E402
     IDEMPOTENT,
     READ,
     RECOVERY_S,
@@ -51,7 +51,7 @@ from tests.fault_rig import (  # noqa: E402
     reason,
     rig,
 )
-from tests.fault_scenarios import (  # noqa: E402
+from tests.support.fault_scenarios import (  # noqa: E402
     scenario_child_kill_mid_tool,
     scenario_child_kills_under_load,
     scenario_duplicate_submission,
@@ -64,7 +64,7 @@ from tests.fault_scenarios import (  # noqa: E402
     scenario_reply_lost_in_flight,
     scenario_worker_kill,
 )
-from tests.rabbit import Rabbit  # noqa: E402
+from tests.support.rabbit import Rabbit  # noqa: E402
 
 Scenario = Callable[[Rig], Outcome]
 #: Rows that run on RabbitMQ too: workers, writes and poison (not Redis's own faults,

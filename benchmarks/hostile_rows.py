@@ -1,6 +1,6 @@
 """Rows of the fault table for hostile tools (issue 12), each on a real worker and Redis.
 
-The tools are those of tests/test_hostile_tools.py. In these rows ``failed`` counts
+The tools are those of tests/faults/test_hostile_tools.py. In these rows ``failed`` counts
 outcomes other than the expected one (every tool here must end as a failure of a
 given reason, or, for the escaping tool that exits, as a success); ``recover s``
 is submit to the last result (and, where the row says, to the worker serving
@@ -21,9 +21,9 @@ import redis
 from cleveragents.client import SkillClient
 from cleveragents.skills import SkillResult
 from tests.conftest import worker_env
-from tests.fault_rig import Outcome, Rig, reason
-from tests.procs import Worker, wait_until
-from tests.test_hostile_tools import CONTROL, HOSTILE_SKILLS, SECRET, SKILL
+from tests.faults.test_hostile_tools import CONTROL, HOSTILE_SKILLS, SECRET, SKILL
+from tests.support.fault_rig import Outcome, Rig, reason
+from tests.support.procs import Worker, wait_until
 
 Scenario = Callable[[Rig], Outcome]
 

@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks.compare import Service, clean_env, write_jsonl  # noqa: E402
 from benchmarks.queue_bench import group_cpu_seconds, interruptible  # noqa: E402
-from tests.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until  # noqa: E402
+from tests.support.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until  # noqa: E402
 
 HOOK = REPO / "benchmarks" / "profiling"
 SKILL, NOOP = "local/common", "local/noop"

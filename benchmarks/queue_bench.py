@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until  # noqa: E402
+from tests.support.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until  # noqa: E402
 
 CONCURRENCY = 2
 SKILL, TOOL = "local/common", "local/noop"

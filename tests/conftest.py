@@ -12,8 +12,8 @@ import redis
 
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
-from tests import rabbit
-from tests.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, RedisServer, Worker
+from tests.support import rabbit
+from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, RedisServer, Worker
 
 #: Set to use an existing Redis (e.g. redis://127.0.0.1:6379/11) instead of a private one.
 EXTERNAL_REDIS_URL = os.environ.get("CLEVERAGENTS_TEST_REDIS_URL")

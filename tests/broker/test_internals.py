@@ -28,7 +28,7 @@ from cleveragents.broker.queue_search import is_waiting
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
 from cleveragents.worker.consumer import CONTROL_STEP, check_steps
-from tests.procs import EXAMPLE_SKILLS, REPO, wait_until
+from tests.support.procs import EXAMPLE_SKILLS, REPO, wait_until
 
 #: Modules whose classes build on Celery's and kombu's.
 BUILDERS = (

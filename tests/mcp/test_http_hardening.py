@@ -32,14 +32,14 @@ from cleveragents.mcp.http import (
     SessionLimit,
     guarded_app,
 )
-from tests.mcp_support import (
+from tests.support.mcp_support import (
     CLEVERAGENTS,
     INITIALIZE,
     WORD_COUNT,
     http_session,
     serve_env,
 )
-from tests.procs import REPO, free_port, kill_group, wait_until
+from tests.support.procs import REPO, free_port, kill_group, wait_until
 
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 SESSION = "mcp-session-id"

@@ -25,7 +25,7 @@ from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.kinds.command import KIND as COMMAND_KIND
 from cleveragents.runtime.kinds.mcp_sessions import close_sessions
 from cleveragents.skills import Catalogue
-from tests.procs import wait_until
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import REPO
+from tests.support.procs import REPO
 
 #: What a wheel is not built from.
 NOT_BUILT = (".git", ".venv", ".cleveragents", "build", "dist", "*.egg-info", "__pycache__")

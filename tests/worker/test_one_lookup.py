@@ -23,7 +23,7 @@ from cleveragents.skills import Catalogue
 from cleveragents.stores import Stores
 from cleveragents.worker.invocation_report import WorkerObserver
 from cleveragents.worker.time_limits import hard_limit_s
-from tests.procs import FIXTURE_SKILLS
+from tests.support.procs import FIXTURE_SKILLS
 
 SKILL = "test/faults"
 WRITE, IDEMPOTENT, READ = "test/write-once", "test/write-idempotent", "test/read"

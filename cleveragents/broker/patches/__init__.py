@@ -7,7 +7,7 @@ and tested for. On another series it is skipped with a warning: a change to priv
 code it was not written for could break more than it mends. A patch whose absence
 would break a guarantee (tool output kept out of logs) refuses the worker instead.
 Each has a test that fails once upstream changes what it works around
-(tests/test_patches.py): then re-check the patch and move its series.
+(tests/broker/test_patches.py): then re-check the patch and move its series.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ connection parameters from a connection whose ``client`` is already gone:
 treats as unrecoverable, so the worker exits. Raising a ``redis.ConnectionError``
 there instead makes it the ordinary connection error kombu and Celery recover
 from: the worker reconnects once Redis is back, and the message comes back after
-the visibility timeout (tests/test_faults.py).
+the visibility timeout (tests/faults/test_faults.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ only (a producer publishes exactly as with kombu's transport):
   producer rings the queue's doorbell as it publishes (``cleveragents.broker.redis.fetch``):
   a message is always queued or held, never only in a reply on the wire.
 
-Written for kombu 5.7's ``kombu.transport.redis``; ``tests/test_recovery.py`` checks
+Written for kombu 5.7's ``kombu.transport.redis``; ``tests/broker/test_recovery.py`` checks
 each of the private methods it builds on.
 """
 
