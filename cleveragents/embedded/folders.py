@@ -1,7 +1,9 @@
 """Where the embedded broker and the on-disk result store keep their files.
 
 Naming the folders is pure; ``create_folders`` is the one place that makes them,
-called when a client is built and when a worker starts (never at import).
+called when a client is built and when a worker starts (never at import). It
+first checks the home is this user's alone, and makes every folder 0700
+(``cleveragents.embedded.private``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cleveragents.embedded.private import private_folder, private_home
 from cleveragents.settings import Settings
 
 __all__ = ["EmbeddedFolders", "create_folders", "needed_folders", "uses_redis"]
@@ -57,6 +60,16 @@ def needed_folders(settings: Settings) -> tuple[Path, ...]:
 
 
 def create_folders(settings: Settings) -> None:
-    """Create the folders ``settings`` needs (nothing with Redis)."""
-    for folder in needed_folders(settings):
-        folder.mkdir(parents=True, exist_ok=True)
+    """Create the folders ``settings`` needs (nothing with Redis), in a home of this user's.
+
+    Raises:
+        ConfigurationError: the home is another user's, others may write to it, or
+            a folder in it is another user's (``cleveragents.embedded.private``).
+    """
+    needed = needed_folders(settings)
+    if not needed:
+        return
+    private_home(settings.home)
+    for folder in needed:
+        private_folder(folder.parent)  # broker/ or the home itself
+        private_folder(folder)

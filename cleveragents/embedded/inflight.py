@@ -12,7 +12,8 @@ every message it was running or had reserved. Here a fetched message is renamed
 
 The kernel drops the flock when the owner dies, however it dies, so anyone can
 tell a dead owner's folder and rename its messages back into the queue under
-their own names (they keep their place in the queue).
+their own names (they keep their place in the queue). The folders are 0700 and
+the locks 0600, as everything in the home (``cleveragents.embedded.private``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import fcntl
 import os
 import uuid
 from pathlib import Path
+
+from cleveragents.embedded.private import private_folder, private_opener
 
 __all__ = ["HeldMessages", "held_by", "inflight_folder", "live_consumers", "restore_orphans"]
 
@@ -111,14 +114,13 @@ class HeldMessages:
     def __init__(self, queue_folder: str | os.PathLike[str]) -> None:
         self.queue = Path(queue_folder)
         inflight = inflight_folder(queue_folder)
-        inflight.mkdir(parents=True, exist_ok=True)
+        private_folder(inflight)
         owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.lock_path = inflight / f"{owner}{_LOCK}"
         # The lock first, then the folder: a sweep never mistakes a new owner for a dead one.
-        self._lock = open(self.lock_path, "a+b")  # noqa: SIM115 - held for the owner's life
+        self._lock = open(self.lock_path, "a+b", opener=private_opener)  # noqa: SIM115 - held for life
         fcntl.flock(self._lock, fcntl.LOCK_EX)
-        self.folder = inflight / owner
-        self.folder.mkdir()
+        self.folder = private_folder(inflight / owner)
         self._paths: dict[str, Path] = {}
 
     def take(self, name: str) -> Path | None:

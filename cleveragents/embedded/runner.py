@@ -5,11 +5,17 @@ Commands that run at once on one home share one worker process; none of them
 stops it under another. What the worker holds when it is stopped is not lost:
 it holds nothing (it is killed at once, in milliseconds), or it gets a warm
 shutdown, and whatever it still held goes back to the queue either way.
+
+A command signals the PID of ``worker.json`` only once ``HomeShare.is_local_worker``
+has shown it to be this home's local worker; a record naming any other process
+is reported, left alone, and replaced by a worker the command starts itself.
+The worker runs under umask 077: whatever it writes in the home is its user's alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,16 +23,19 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import IO
 
 from cleveragents.embedded.folders import EmbeddedFolders
 from cleveragents.embedded.inflight import held_by, restore_orphans
+from cleveragents.embedded.private import FOLDER_MODE, private_folder, private_home, private_opener
 from cleveragents.embedded.share import (
+    LOCAL_APP,
     HomeShare,
     WorkerRecord,
     group_alive,
+    home_option,
     join,
     leave_last,
     process_started,
@@ -45,15 +54,19 @@ KILL_WAIT_S = 5.0
 #: How long a stop waits for the acks of results just stored (``acks_late``: the
 #: result is stored, then the message acknowledged, milliseconds apart).
 ACK_GRACE_S = 1.0
-#: The Celery app of a local worker: the skill worker's, plus the watch on its users.
-LOCAL_APP = "cleveragents.embedded.app"
 #: Set (to "1") in a local worker's environment.
 LOCAL_WORKER_ENV = "CLEVERAGENTS_LOCAL_WORKER"
+#: The umask of a local worker: what it creates in the home is its user's alone.
+LOCAL_WORKER_UMASK = 0o777 & ~FOLDER_MODE
+
+log = logging.getLogger("cleveragents.embedded")
 
 
-def worker_command(*extra: str, app: str = "cleveragents.worker") -> list[str]:
-    """``celery -A worker worker`` run by this interpreter, with extra options."""
-    return [sys.executable, "-m", "celery", "-A", app, "worker", *extra]
+def worker_command(
+    *extra: str, app: str = "cleveragents.worker", python: Sequence[str] = ()
+) -> list[str]:
+    """``celery -A worker worker`` run by this interpreter (with ``python`` options)."""
+    return [sys.executable, *python, "-m", "celery", "-A", app, "worker", *extra]
 
 
 def _queue_folder(settings: Settings) -> str:
@@ -69,22 +82,40 @@ def _wait_until(done: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+def _not_ours(share: HomeShare, record: WorkerRecord, then: str) -> None:
+    log.warning(
+        "%s names PID %d, which is not this home's local worker: %s",
+        share.record_path,
+        record.pid,
+        then,
+    )
+
+
 def stop_worker(share: HomeShare, queue_folder: str) -> None:
-    """Stop the recorded worker of a home (the caller holds the users lock exclusively)."""
+    """Stop the recorded worker of a home (the caller holds the users lock exclusively).
+
+    Only this home's local worker is signalled (``HomeShare.is_local_worker``):
+    a record naming any other process is forgotten, and the process left alone.
+    """
     record = share.read()
-    if record is not None and record.alive():
+    if record is not None and share.is_local_worker(record):
         if not _wait_until(lambda: not held_by(queue_folder, record.pid), ACK_GRACE_S):
             # It runs or has reserved messages nobody waits for (a submit without
             # --wait): a warm shutdown lets running tools finish, reserved ones go back.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, signal.SIGTERM)
             _wait_until(lambda: not record.alive(), STOP_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, signal.SIGKILL)
+        # Its group, while it or a process of its group lives: once all are gone,
+        # the group's id is free for the kernel to give to a stranger.
+        if record.alive() or group_alive(record.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, signal.SIGKILL)
         _wait_until(lambda: not group_alive(record.pid), KILL_WAIT_S)
         # A killed process gives up its memory before its files: its in-flight lock can
         # outlive it briefly, and a message behind a lock still held is not given back.
         _wait_until(lambda: not held_by(queue_folder, record.pid), KILL_WAIT_S)
+    elif record is not None and record.alive():
+        _not_ours(share, record, "left alone")
     share.clear()
     # A message it fetched after the check, or held past the warm shutdown: back in the queue.
     restore_orphans(queue_folder)
@@ -109,13 +140,14 @@ class LocalWorker:
         """Join the home's local worker, starting it if none runs; return once it consumes."""
         if self._users is not None:
             return self
+        private_home(self.settings.home)  # this user's alone, or refused before any write
         users = self.share.open_users()
         self._users = users
         try:
             join(users)
             with self.share.starting():
-                record = self.share.read()
-                if record is None or not record.alive():
+                record = self._recorded()
+                if record is None:
                     record = self._spawn()
                     self.share.write(record)
             self.pid = record.pid
@@ -135,28 +167,41 @@ class LocalWorker:
                 stop_worker(self.share, _queue_folder(self.settings))
                 self.stopped_worker = True
 
+    def _recorded(self) -> WorkerRecord | None:
+        """The home's running local worker, if the record names one."""
+        record = self.share.read()
+        if record is None or not record.alive():
+            return None  # none yet, or it died: no word needed
+        if self.share.is_local_worker(record):
+            return record
+        _not_ours(self.share, record, "left alone; starting a local worker for this command")
+        return None
+
     def _spawn(self) -> WorkerRecord:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(self.log_path.parent)
         ready = self.share.folder / f"ready-{uuid.uuid4().hex}"
         env = dict(os.environ)
         env["CLEVERAGENTS_HOME"] = str(self.settings.home.resolve())
         env["CLEVERAGENTS_READY_FILE"] = str(ready)
         env[LOCAL_WORKER_ENV] = "1"
+        env["NOSETPS"] = "1"  # Celery keeps its command line: is_local_worker reads it
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
         command = worker_command(
             *("--loglevel", "WARNING", "--concurrency", str(self.concurrency)),
             *("--hostname", f"embedded-{os.getpid()}@%h"),
             *("--without-mingle", "--without-gossip", "--without-heartbeat"),
             app=LOCAL_APP,
+            python=home_option(self.settings.home),  # names its home: is_local_worker
         )
-        with self.log_path.open("ab") as log:
+        with open(self.log_path, "ab", opener=private_opener) as output:
             proc = subprocess.Popen(
                 command,
                 env=env,
-                stdout=log,
+                stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stopped as a whole
+                umask=LOCAL_WORKER_UMASK,
             )
         # Reap it whenever it ends, even if another command is the one that stops it.
         threading.Thread(target=proc.wait, name="local-worker-reaper", daemon=True).start()
@@ -166,8 +211,9 @@ class LocalWorker:
             if started is None or not up or proc.poll() is not None:
                 raise ConfigurationError(f"the local worker did not start (log {self.log_path})")
         except BaseException as exc:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            if proc.poll() is None or group_alive(proc.pid):  # only the group it started
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             _wait_until(lambda: not group_alive(proc.pid), KILL_WAIT_S)
             if isinstance(exc, ConfigurationError):
                 raise ConfigurationError(f"{exc}: {self._log_tail()}") from None

@@ -13,6 +13,13 @@ Files under ``$CLEVERAGENTS_HOME/local-worker``:
 
 The kernel drops a flock when its process dies, however it dies: a killed
 command never keeps the worker alive, nor blocks the next one.
+
+A record is only a claim: before a command signals the PID it names, or takes it
+for its worker, ``HomeShare.is_local_worker`` checks in ``/proc`` that the
+process is this user's, leads its own process group, and was started as the
+local worker of this very home (its command line names the local worker's app
+and, with Python's ``-X cleveragents.home=HOME``, the home). A record naming
+anything else (planted, or left by an older version) is never signalled.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -27,14 +35,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from cleveragents.embedded.private import private_folder, private_opener
+
 __all__ = [
+    "HOME_OPTION",
+    "LOCAL_APP",
     "HomeShare",
     "WorkerRecord",
     "group_alive",
+    "home_option",
     "join",
     "leave_last",
     "process_started",
 ]
+
+
+#: The Celery app of a local worker: the skill worker's, plus the watch on its users.
+LOCAL_APP = "cleveragents.embedded.app"
+#: The Python ``-X`` option naming a local worker's home on its command line.
+HOME_OPTION = "cleveragents.home"
+
+
+def home_option(home: Path) -> tuple[str, str]:
+    """The interpreter options that name ``home`` on a local worker's command line."""
+    return ("-X", f"{HOME_OPTION}={home.resolve()}")
 
 
 @functools.cache
@@ -52,19 +76,41 @@ def _signal_reaches(send: Callable[[int, int], None], pid: int) -> bool:
     return True
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); [] if none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    # The command name in parentheses may hold spaces: fields count from its end.
+    return stat.rsplit(")", 1)[-1].split()
+
+
 def process_started(pid: int) -> str | None:
     """The kernel's start time of process ``pid``; None when there is none (or a zombie)."""
     if not _has_proc():  # no /proc: a live PID is taken as is
         return "?" if _signal_reaches(os.kill, pid) else None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    # The command name in parentheses may hold spaces: fields count from its end.
-    fields = stat.rsplit(")", 1)[-1].split()
+    fields = _stat_fields(pid)
     if not fields or fields[0] in ("Z", "X"):
         return None
     return fields[19] if len(fields) > 19 else "?"
+
+
+def _effective_uid(pid: int) -> int | None:
+    # /proc/PID/status, not the owner of /proc/PID: a non-dumpable process's is root.
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            ids = line.split()
+            return int(ids[2]) if len(ids) > 2 and ids[2].isdigit() else None
+    return None
+
+
+def _holds_pair(argv: list[str], first: str, second: str) -> bool:
+    return any(a == first and b == second for a, b in itertools.pairwise(argv))
 
 
 def group_alive(pgid: int) -> bool:
@@ -99,21 +145,22 @@ class HomeShare:
     """The files by which the commands on one home share its local worker."""
 
     def __init__(self, home: Path) -> None:
-        self.folder = home.resolve() / "local-worker"
+        self.home = home.resolve()
+        self.folder = self.home / "local-worker"
         self.users_path = self.folder / "users.lock"
         self.start_path = self.folder / "start.lock"
         self.record_path = self.folder / "worker.json"
 
     def open_users(self) -> IO[bytes]:
         """The users lock file, opened (not locked)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        return open(self.users_path, "a+b")
+        private_folder(self.folder)
+        return open(self.users_path, "a+b", opener=private_opener)
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
         """Hold the start lock: one command at a time checks for, or starts, the worker."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.start_path, "a+b") as handle:
+        private_folder(self.folder)
+        with open(self.start_path, "a+b", opener=private_opener) as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
@@ -128,8 +175,36 @@ class HomeShare:
     def write(self, record: WorkerRecord) -> None:
         """Record the running worker (atomically: a reader sees the old record or this one)."""
         partial = self.record_path.with_name(f".{self.record_path.name}.{os.getpid()}")
-        partial.write_text(json.dumps({"pid": record.pid, "started": record.started}), "utf-8")
+        with open(partial, "w", encoding="utf-8", opener=private_opener) as handle:
+            handle.write(json.dumps({"pid": record.pid, "started": record.started}))
         os.replace(partial, self.record_path)
+
+    def is_local_worker(self, record: WorkerRecord) -> bool:
+        """True only when ``record`` names this home's local worker, alive.
+
+        That is the very process recorded (same start time), run by this user,
+        leading its own process group (which a stop kills), and started by a
+        command as the local worker of this home: its command line names the
+        local worker's app and this home. Without ``/proc`` nothing can be
+        checked, and nothing is taken for the worker.
+        """
+        if not _has_proc():
+            return False
+        pid = record.pid
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return False
+        fields = _stat_fields(pid)
+        ours = (
+            len(fields) > 2
+            and fields[2] == str(pid)  # the leader of its own group
+            and _effective_uid(pid) == os.geteuid()
+            and _holds_pair(argv, "-A", LOCAL_APP)
+            and _holds_pair(argv, *home_option(self.home))
+        )
+        # Checked last: the same start time now means the PID was not reused meanwhile.
+        return ours and process_started(pid) == record.started
 
     def clear(self, pid: int | None = None) -> None:
         """Forget the recorded worker (only if it is ``pid``, when given)."""

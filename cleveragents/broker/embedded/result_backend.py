@@ -4,6 +4,8 @@ Celery joins the folder and the key (``celery-task-meta-<id>``) as they are: an 
 holding ``/`` names a file in a folder that does not exist, and the result is never
 stored. Here ``%`` and ``/`` in a key are percent-encoded. Celery also writes a result
 file in place, so a reader can see half of it; here it is written beside and renamed.
+Celery's file is as the umask leaves it (0644, any local user reads every result);
+here it is 0600 whatever the umask (``cleveragents.embedded.private``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 from typing import Any
 
 from celery.backends.filesystem import FilesystemBackend
+
+from cleveragents.embedded.private import private_opener
 
 __all__ = ["SafeFilesystemBackend", "backend_url"]
 
@@ -22,7 +26,8 @@ def backend_url(folder: str) -> str:
 
 
 class SafeFilesystemBackend(FilesystemBackend):  # type: ignore[misc]
-    """A file result backend whose keys are always file names in its folder."""
+    """A file result backend whose keys are always file names in its folder, and whose
+    files only their user reads."""
 
     def _filename(self, key: Any) -> Any:
         # Celery keeps the folder and the separator as bytes.
@@ -31,9 +36,9 @@ class SafeFilesystemBackend(FilesystemBackend):  # type: ignore[misc]
         return self.sep.join((self.path, name))  # type: ignore[attr-defined]
 
     def set(self, key: Any, value: Any) -> None:
-        """Write the whole value beside the result, then rename it into place."""
+        """Write the whole value beside the result (0600), then rename it into place."""
         final = self._filename(key)
         partial = final + f".{os.getpid()}.part".encode()
-        with self.open(partial, "wb") as handle:  # type: ignore[attr-defined]
+        with open(partial, "wb", opener=private_opener) as handle:
             handle.write(value if isinstance(value, bytes) else str(value).encode())
         os.replace(partial, final)

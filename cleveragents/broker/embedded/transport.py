@@ -11,6 +11,9 @@ while it runs or has reserved a message (``acks_late``) loses it for good. Here
 a fetched message stays on disk, in a folder its consumer owns, until it is
 acknowledged; a dead consumer's messages go back to the queue
 (``cleveragents.embedded.inflight``).
+
+kombu writes a message under the umask (0644, for every local user to read);
+here it is 0600 whatever the umask (``cleveragents.embedded.private``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
 from cleveragents.embedded.inflight import HeldMessages, restore_orphans
+from cleveragents.embedded.private import private_opener
 
 __all__ = ["Channel", "Transport"]
 
@@ -35,7 +39,8 @@ SWEEP_S = 2.0
 
 
 class Channel(filesystem.Channel):  # type: ignore[misc]
-    """A filesystem channel whose ``_put`` is atomic and whose fetched messages stay on disk."""
+    """A filesystem channel whose ``_put`` is atomic and private (0600), and whose fetched
+    messages stay on disk."""
 
     _held: HeldMessages | None = None
     _swept_at: float | None = None
@@ -45,7 +50,7 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
         final = os.path.join(self.data_folder_out, name)
         partial = os.path.join(self.data_folder_out, f".{name}.part")
         try:
-            with open(partial, "wb") as handle:
+            with open(partial, "wb", opener=private_opener) as handle:
                 handle.write(str_to_bytes(dumps(payload)))
             os.rename(partial, final)
         except OSError as exc:
@@ -107,6 +112,6 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
 
 
 class Transport(filesystem.Transport):  # type: ignore[misc]
-    """The filesystem transport with atomic puts and messages kept on disk until acked."""
+    """The filesystem transport with atomic, private puts and messages kept on disk until acked."""
 
     Channel = Channel
