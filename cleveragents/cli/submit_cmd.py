@@ -95,7 +95,9 @@ def _wait(
                 _warn_if_unserved(client, queue)
             timeout = None if timeout is None else max(timeout - early, 0.001)
         return client.wait(request_id, timeout=timeout, pending=pending)
-    except TimeoutError:
+    except TimeoutError as exc:
+        if timeout is None:  # an endless wait ended by the client itself: its own words
+            raise CliFailure(f"{exc}", exit_code=1) from None
         raise CliFailure(
             f"no result for {request_id} after {timeout:g}s; "
             f"`cleveragents result {request_id} --wait` waits for it",
