@@ -1,11 +1,11 @@
 """The CLI's first contact with its broker: a wrong URL is one line within seconds, not a wait.
 
-The stores ride out a Redis restart for two minutes (``cleveragents.retry``), which
+The stores ride out a Redis restart for two minutes (``cleveragents.stores.redis_retry``), which
 is right for a worker or a long batch run, and wrong for a command that has not
 reached Redis once: a mistyped URL or a Redis that is not running looked like a
 hang. So each CLI command that uses a broker pings the Redis servers it names
 first, for a few seconds (a RabbitMQ broker too), and says which setting to fix.
-The library keeps riding out restarts (it logs that it does: ``cleveragents.retry``).
+The library keeps riding out restarts (it logs that it does: ``cleveragents.stores.redis_retry``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Redis stores: keys beside Celery's results, every call through one retry policy.
 
-Each call rides out a Redis restart (``cleveragents.retry.retrying``). A write
+Each call rides out a Redis restart (``cleveragents.stores.redis_retry.retrying``). A write
 whose reply was lost to a broken connection is sent again: setting a key or
 deleting one is idempotent, and a write claim recognises its own token; a
 counter (``INCRBY``, ``HINCRBY``), a dead letter or a ledger append (``LPUSH``,
@@ -28,8 +28,8 @@ from cleveragents.constants import (
     DURATIONS_KEY,
     INVOCATIONS_KEY,
 )
-from cleveragents.retry import retrying
 from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
+from cleveragents.stores.redis_retry import retrying
 from cleveragents.stores.resp import Arg, Script, pipelined
 from cleveragents.stores.result_meta import KeyValueResults
 from cleveragents.stores.state_lua import STORE_STATE_LUA

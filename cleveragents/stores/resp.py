@@ -71,7 +71,7 @@ def pipelined(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> list[An
     """Send ``commands`` in one round trip; their replies, in order.
 
     Raises the first error reply (``ResponseError``) once every reply is read, and a
-    connection error as redis-py does (``cleveragents.retry.retrying`` retries it).
+    connection error as redis-py does (``cleveragents.stores.redis_retry.retrying`` retries it).
     """
     if not commands:
         return []

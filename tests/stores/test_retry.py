@@ -1,4 +1,4 @@
-"""Riding out a Redis restart (``cleveragents/retry.py``): retried, and said once, not silently."""
+"""Riding out a Redis restart (``stores/redis_retry.py``): retried, and said once, not silently."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 import pytest
 import redis
 
-from cleveragents import retry
-from cleveragents.retry import retrying
+from cleveragents.stores import redis_retry as retry
+from cleveragents.stores.redis_retry import retrying
 
 
 def _flaky(failures: int) -> tuple[list[int], object]:
@@ -28,7 +28,7 @@ def test_a_connection_error_is_retried_and_said_once(
 ) -> None:
     monkeypatch.setattr(retry, "_warned_at", None)
     calls, operation = _flaky(3)
-    with caplog.at_level(logging.WARNING, logger="cleveragents.retry"):
+    with caplog.at_level(logging.WARNING, logger="cleveragents.stores.redis_retry"):
         assert retrying(operation, for_s=10) == "done"  # type: ignore[arg-type]
     assert len(calls) == 4
     [record] = caplog.records
@@ -47,7 +47,7 @@ def test_an_outage_is_said_at_most_every_warn_every_s(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(retry, "_warned_at", None)
-    with caplog.at_level(logging.WARNING, logger="cleveragents.retry"):
+    with caplog.at_level(logging.WARNING, logger="cleveragents.stores.redis_retry"):
         for _ in range(5):  # many operations of one worker meet the same outage
             _, operation = _flaky(1)
             retrying(operation, for_s=10)  # type: ignore[arg-type]

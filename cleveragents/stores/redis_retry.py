@@ -17,7 +17,7 @@ __all__ = ["RETRY_FOR_S", "WARN_EVERY_S", "retrying"]
 
 T = TypeVar("T")
 
-log = logging.getLogger("cleveragents.retry")
+log = logging.getLogger("cleveragents.stores.redis_retry")
 
 #: How long an operation keeps retrying before the error is raised.
 RETRY_FOR_S = 120.0
