@@ -164,8 +164,25 @@ def _item_nodes(node: yaml.Node | None, count: int) -> list[yaml.Node | None]:
     return [None] * count
 
 
+#: One entry of a file: its label (the file, or ``file[i]`` in a ``skills:`` list), its
+#: data and its YAML node.
+_Entry = tuple[str, Any, "yaml.Node | None"]
+
+
 def load_file(path: Path) -> tuple[list[LoadedSkill], list[LoadProblem]]:
     """Read one file: one skill, or a list of skills under a top-level ``skills:`` key."""
+    where = str(path)
+    read = _read(path)
+    if isinstance(read, LoadProblem):
+        return [], [read]
+    entries = _entries(where, *read)
+    if isinstance(entries, LoadProblem):
+        return [], [entries]
+    return _validated(entries, path.parent.resolve(), where)
+
+
+def _read(path: Path) -> tuple[Any, yaml.Node | None] | LoadProblem:
+    """The file's data and node tree, or why it cannot be read (too large, a bomb, bad syntax)."""
     where = str(path)
     text = ""
     try:
@@ -175,32 +192,39 @@ def load_file(path: Path) -> tuple[list[LoadedSkill], list[LoadProblem]]:
                 f"the file is {size:,} bytes, over the {MAX_SKILL_FILE_BYTES:,} bytes a skill "
                 "file may hold: not read (split it into several files)"
             )
-            return [], [LoadProblem(where, reason, file=where)]
+            return LoadProblem(where, reason, file=where)
         text = path.read_text(encoding="utf-8")
-        data, root = _parse(text, path)
+        return _parse(text, path)
     except AliasBomb as exc:
-        return [], [LoadProblem(where, str(exc), exc.line, file=where)]
+        return LoadProblem(where, str(exc), exc.line, file=where)
     except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         line, reason = syntax_problem(exc, text)
-        return [], [LoadProblem(where, reason, line, file=where)]
-    labelled: list[tuple[str, Any, yaml.Node | None]]
+        return LoadProblem(where, reason, line, file=where)
+
+
+def _entries(where: str, data: Any, root: yaml.Node | None) -> list[_Entry] | LoadProblem:
+    """The file's skill entries: the one skill, or each of its ``skills:`` list."""
     if isinstance(data, dict) and set(data) == {"skills"}:
         items = data["skills"]
         if not isinstance(items, list):
             line = line_of(root, ("skills",))
-            return [], [LoadProblem(where, "'skills' must be a list of skills", line, file=where)]
+            return LoadProblem(where, "'skills' must be a list of skills", line, file=where)
         nodes = _item_nodes(root, len(items))
-        labelled = [(f"{where}[{i}]", item, nodes[i]) for i, item in enumerate(items)]
-    elif isinstance(data, dict):
-        labelled = [(where, data, root)]
-    elif data is None:
-        return [], [LoadProblem(where, _EMPTY, file=where)]
-    else:
-        return [], [LoadProblem(where, _NOT_A_MAPPING, line_of(root, ()), file=where)]
+        return [(f"{where}[{i}]", item, nodes[i]) for i, item in enumerate(items)]
+    if isinstance(data, dict):
+        return [(where, data, root)]
+    if data is None:
+        return LoadProblem(where, _EMPTY, file=where)
+    return LoadProblem(where, _NOT_A_MAPPING, line_of(root, ()), file=where)
+
+
+def _validated(
+    entries: list[_Entry], folder: Path, where: str
+) -> tuple[list[LoadedSkill], list[LoadProblem]]:
+    """Each entry as a ``Skill``, or its problems, each on its line."""
     skills: list[LoadedSkill] = []
     problems: list[LoadProblem] = []
-    folder = path.parent.resolve()
-    for label, item, node in labelled:
+    for label, item, node in entries:
         if not isinstance(item, dict):
             problems.append(
                 LoadProblem(label, "a skill must be a mapping", line_of(node, ()), file=where)
