@@ -37,6 +37,7 @@ __all__ = [
     "Verdict",
     "check",
     "fits",
+    "fix",
     "installed_version",
 ]
 
@@ -391,14 +392,20 @@ def check(
         if fits(part.name):
             continue
         if part.outside == "refuse":
-            raise InternalsRefused(
-                f"{_line(part)}: without it {part.consequence}. fix: pip install "
-                f"'{part.distribution}>={part.series},<{_next(part.series)}' (the versions "
-                "cleveragents is tested with)"
-            )
+            why = f"{_line(part)}: without it {part.consequence}"
+            raise InternalsRefused(f"{why}. {fix(part.name)}")
         fallbacks.add(part.name)
         warnings.append(f"{_line(part)}: {part.consequence}")
     return Verdict(frozenset(fallbacks), tuple(warnings))
+
+
+def fix(part: str) -> str:
+    """The line that names the fix: install the series ``part`` was written for."""
+    spec = PARTS[part]
+    return (
+        f"fix: pip install '{spec.distribution}>={spec.series},<{_next(spec.series)}' "
+        "(the versions cleveragents is tested with)"
+    )
 
 
 def _next(series: str) -> str:

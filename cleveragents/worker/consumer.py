@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from cleveragents.broker.internals import InternalsRefused
+from cleveragents.broker.internals import InternalsRefused, fix
 from cleveragents.broker.signing import SIGNED_CONTENT_TYPE, SIGNED_SERIALIZER
 from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_WRITE
 from cleveragents.errors import SkillErrorType
@@ -57,8 +57,7 @@ def check_steps(steps: tuple[str, ...] | list[str] | None = None) -> None:
     if CONTROL_STEP not in listed:
         raise InternalsRefused(
             f"Celery's consumer no longer has the step {CONTROL_STEP!r}, which the worker "
-            "replaces to guard remote control: it would run unguarded. fix: pip install "
-            "'celery>=5.7,<5.8' (the versions cleveragents is tested with)"
+            f"replaces to guard remote control: it would run unguarded. {fix('consumer')}"
         )
 
 
