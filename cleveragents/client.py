@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
+from kombu import exceptions as kombu_errors
 from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # kombu 5.7; not in its stubs
 
 from cleveragents.batch.api import as_items, results_in_order
@@ -343,14 +344,29 @@ class SkillClient:
         return str(sent.id)
 
     def revoke(self, request_id: str, *, terminate: bool = False) -> bool:
-        """Revoke an invocation: a queued one never starts; ``terminate`` stops a running one.
+        """Cancel an invocation: a queued one never starts; ``terminate`` stops a running one.
+
+        A cancel mark beside its request-id binding, which a worker reads as it binds
+        the id, before the run starts (the producer's Redis user may set it: nothing
+        else is needed); its result is then a ``tool_execution_failure`` with
+        ``details["reason"] == "cancelled"``. Then Celery's revoke is broadcast, which
+        stops a running one (``terminate``) where this producer may use remote control;
+        where it may not (the producer's Redis user), that is said in one warning line.
 
         Returns False, doing nothing, on the embedded default: its local worker takes
-        no broadcast commands (``cleveragents.broker.celery_settings``).
+        no broadcast commands and its stores keep no cancel marks.
         """
-        if self.settings.embedded:
+        if self.settings.embedded or not self.stores.guard.cancel(request_id):
             return False
-        self.app.control.revoke(request_id, terminate=terminate, signal="SIGTERM")
+        try:
+            self.app.control.revoke(request_id, terminate=terminate, signal="SIGTERM")
+        except kombu_errors.OperationalError as exc:
+            log.warning(
+                "cancelled %s: it will not start, but a run already started is not "
+                "stopped: the revoke could not be broadcast to the workers (%s)",
+                request_id,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
         return True
 
     @cached_property

@@ -32,6 +32,11 @@ CLAIM_KEY_PREFIX = "cleveragents:claim:"
 #: Prefix of the keys that bind a request id to a digest of its content
 #: (``cleveragents.pipeline.binding``).
 BIND_KEY_PREFIX = "cleveragents:bind:"
+#: Prefix of a background batch's seal: how many ids it has and their digest, made once
+#: by its producer at submit (``cleveragents.batch.seal``).
+SEAL_KEY_PREFIX = "cleveragents:seal:"
+#: Prefix of an invocation's cancel mark: a worker that finds it never starts the run.
+CANCEL_KEY_PREFIX = "cleveragents:cancel:"
 #: The Redis list of poison invocations kept for inspection (newest first).
 DEAD_LETTER_KEY = f"{CLAIM_KEY_PREFIX}dead-letter"
 #: Dead letters kept; older ones are dropped.
@@ -47,6 +52,11 @@ HELD_KEY = "cleveragents:held"
 ALIVE_KEY_PREFIX = "cleveragents:alive:"
 #: The Redis lock one worker takes to give back what dead holders held.
 REAPER_KEY = "cleveragents:reaper"
+#: Where read-only workers keep what they hold instead (their own ``unacked`` hash,
+#: index and mutex, held hash and reaper lock under it; their holders' heartbeat keys
+#: under ``ALIVE_KEY_PREFIX + "ro/"``), so that their Redis user can neither read nor
+#: hold what write workers hold (``RecoveryKeys``).
+READ_ONLY_RECOVERY_PREFIX = "cleveragents:ro:"
 #: Prefix of a queue's doorbell, rung as a message is published
 #: (``cleveragents.broker.redis.fetch``).
 DOOR_KEY_PREFIX = "cleveragents:door:"

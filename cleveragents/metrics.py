@@ -97,6 +97,7 @@ REASONS = frozenset(
         "write_interrupted",  # a write whose process died before it reported back
         "request_id_reused",  # a request id bound to other content
         "revoked",  # an invocation revoked before it ended
+        "cancelled",  # an invocation cancelled before it started
     }
 )
 OTHER_REASON = "other"

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.runner import BatchRunner, invalid_payload, reused_payload
+from cleveragents.batch.seal import BatchIdTaken, LedgerChanged, Seal, SealedIds, problem, sealed
 from cleveragents.batch.source import BatchItem
 from cleveragents.errors import SchemaValidationError
 from cleveragents.messages import ChunkContext
@@ -118,6 +119,7 @@ class _Submission:
         self.chunks: dict[bool, list[SkillInvocationRequest]] = {False: [], True: []}
         self.positions: dict[bool, list[int]] = {False: [], True: []}  # item numbers, as chunks
         self.ids: list[str] = []
+        self.recorded = SealedIds()
         self.invalid: list[tuple[str, dict[str, Any]]] = []
         self.waiting: list[BatchItem] = []
 
@@ -179,6 +181,7 @@ class _Submission:
         # Refusals first: a reader that finds an id in the ledger finds its refusal too.
         self._store_invalid()
         self.client.ledger.append(self.batch_id, self.ids)
+        self.recorded.add(self.ids)
         self.ids = []
 
     def _send(self, writes: bool) -> None:
@@ -201,8 +204,20 @@ def submit_batch(
     batch_id: str | None = None,
     source: str = "",
 ) -> tuple[str, int]:
-    """Submit every item in chunks without waiting; returns the batch id and the count."""
+    """Submit every item in chunks without waiting; returns the batch id and the count.
+
+    Its ids are sealed once all are recorded (``cleveragents.batch.seal``).
+
+    Raises:
+        BatchIdTaken: ``batch_id`` names a sealed batch (nothing is sent), or another
+            seal was made under it while this one was submitted.
+    """
     batch_id = batch_id or uuid.uuid4().hex[:16]
+    if client.ledger.seal_of(batch_id) is not None:
+        raise BatchIdTaken(
+            f"batch id {batch_id} is taken: a batch was submitted under it; nothing was "
+            "sent (give another --batch-id, or none for a new one)"
+        )
     meta: dict[str, Any] = {
         "batch_id": batch_id,
         "source": source,
@@ -214,7 +229,14 @@ def submit_batch(
     for item in items:
         submission.add(item)
     submission.close()
+    other = client.ledger.seal(batch_id, submission.recorded.seal().encode())
     client.ledger.set_meta(batch_id, {**meta, "total": submission.total})
+    if other is not None:
+        raise BatchIdTaken(
+            f"batch id {batch_id} is taken: another seal was made under it while its "
+            f"{submission.total} requests were sent; `batch status` will report its ledger "
+            "as changed"
+        )
     return batch_id, submission.total
 
 
@@ -228,6 +250,9 @@ class BatchStatus:
     done: int = 0
     succeeded: int = 0
     failed_by_type: dict[str, int] = field(default_factory=dict)
+    #: What is wrong with a sealed batch's ledger (None: nothing): it holds other ids
+    #: than those sealed at submit; then nothing is counted.
+    tampered: str | None = None
 
     @property
     def failed(self) -> int:
@@ -251,14 +276,31 @@ def batch_status(client: BatchProducer, batch_id: str) -> BatchStatus | None:
     if meta is None:
         return None
     status = BatchStatus(batch_id, str(meta.get("source", "")), int(meta.get("total") or 0))
+    seal = _seal(client, batch_id)
+    status.tampered = _problem(client, batch_id, seal)
+    if seal is not None:
+        status.total = seal.count
+    if status.tampered is not None:  # which of its ids are the batch's own is unknown
+        return status
     page: list[str] = []
-    for rid in client.ledger.ids(batch_id):
+    for rid in sealed(client.ledger.ids(batch_id), seal):
         page.append(rid)
         if len(page) >= 2000:
             _count_page(status, client, batch_id, page)
             page = []
     _count_page(status, client, batch_id, page)
     return status
+
+
+def _seal(client: BatchProducer, batch_id: str) -> Seal | None:
+    raw = client.ledger.seal_of(batch_id)
+    return None if raw is None else Seal.decode(raw)
+
+
+def _problem(client: BatchProducer, batch_id: str, seal: Seal | None) -> str | None:
+    if seal is None:
+        return None
+    return problem(client.ledger.ids(batch_id), client.ledger.length(batch_id), seal)
 
 
 def _count_page(
@@ -299,9 +341,18 @@ def _refusals(client: BatchProducer, batch_id: str, ids: Sequence[str]) -> list[
 
 
 def batch_results(client: BatchProducer, batch_id: str, *, poll_s: float = 0.05) -> Iterator[Entry]:
-    """Every result of a background batch, in input order, waiting for those not yet done."""
+    """Every result of a background batch, in input order, waiting for those not yet done.
+
+    Raises:
+        LedgerChanged: before any result, when the batch's ledger holds other ids than
+            those sealed at submit.
+    """
+    seal = _seal(client, batch_id)
+    wrong = _problem(client, batch_id, seal)
+    if wrong is not None:
+        raise LedgerChanged(wrong)
     gather = OrderedGather(client.results)
-    ids = client.ledger.ids(batch_id)
+    ids = sealed(client.ledger.ids(batch_id), seal)
     exhausted = False
     while True:
         page: list[str] = []

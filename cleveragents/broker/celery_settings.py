@@ -16,7 +16,7 @@ from kombu import Exchange, Queue
 from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
-from cleveragents.broker.redis.liveness import RecoveryTiming
+from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
@@ -163,6 +163,10 @@ def _redis_transport_options(settings: Settings) -> dict[str, Any]:
         # A worker's messages are handed to another worker within this many seconds
         # of its heartbeat stopping (cleveragents/broker/redis/transport.py, docs/guarantees.md).
         "recovery_s": settings.recovery_s,
+        # A read-only worker keeps what it holds under its role's own keys, which its
+        # Redis user is limited to (cleveragents/broker/redis/liveness.py, RecoveryKeys).
+        "recovery_read_only": settings.read_only,
+        **RecoveryKeys.of(settings.read_only).kombu_options(),
         # The last resort, for a message no live worker holds: handed to another
         # worker once unacknowledged for this long. A live worker's message is never
         # swept, however long its tool runs.

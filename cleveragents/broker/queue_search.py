@@ -5,7 +5,7 @@ waiting from one that was never sent. The CLI, batches and a request id chosen
 by the caller bind the id before sending (``cleveragents.pipeline.binding``), but a
 ``SkillClient`` submission with a fresh id is known only to the broker until a
 worker takes it. So the waiting messages are read, never taken: Redis lists and
-kombu's ``unacked`` hash, or the embedded broker's queue and in-flight folders.
+kombu's ``unacked`` hashes, or the embedded broker's queue and in-flight folders.
 RabbitMQ cannot be read without taking messages: there the answer is "cannot tell".
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from kombu.transport import redis as kombu_redis
 
 from cleveragents.broker.internals import fits
+from cleveragents.broker.redis.liveness import RecoveryKeys
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
 from cleveragents.embedded.inflight import inflight_folder
@@ -28,8 +29,9 @@ __all__ = ["SEARCHED_AT_MOST", "is_waiting"]
 #: Messages read at most per queue: an id deeper in a backed-up queue is not found.
 SEARCHED_AT_MOST = 200_000
 #: kombu's Redis transport keeps fetched, unacknowledged messages in this hash (its
-#: ``Channel.unacked_key``, read from kombu rather than written here again).
-_UNACKED: str = kombu_redis.Channel.unacked_key
+#: ``Channel.unacked_key``, read from kombu rather than written here again), and
+#: read-only workers in their role's own (``RecoveryKeys``).
+_UNACKED: tuple[str, ...] = (kombu_redis.Channel.unacked_key, RecoveryKeys.of(True).unacked)
 _PAGE = 1_000
 
 
@@ -59,8 +61,9 @@ def _redis_messages(url: str) -> Iterator[bytes]:
                 yield from map(_raw, page)
                 if len(page) < _PAGE:
                     break
-        for _, raw in client.hscan_iter(_UNACKED, count=_PAGE):
-            yield _raw(raw)
+        for held in _UNACKED:
+            for _, raw in client.hscan_iter(held, count=_PAGE):
+                yield _raw(raw)
     finally:
         client.close()
 

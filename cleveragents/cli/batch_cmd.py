@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cleveragents.batch.api import batch_results, batch_status, run_many, submit_batch
+from cleveragents.batch.seal import BatchIdTaken
 from cleveragents.batch.source import BatchItem, read_jsonl
 from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.render import CliFailure, err_console, print_json
@@ -292,12 +293,15 @@ def submit_file(
     """
     path = _input(file, allow_writes, strict)
     with cli_client() as client:
-        bid, total = submit_batch(
-            client,
-            read_jsonl(path, allow_writes=allow_writes),
-            batch_id=batch_id,
-            source=str(path.resolve()),
-        )
+        try:
+            bid, total = submit_batch(
+                client,
+                read_jsonl(path, allow_writes=allow_writes),
+                batch_id=batch_id,
+                source=str(path.resolve()),
+            )
+        except BatchIdTaken as exc:
+            raise CliFailure(str(exc)) from None
     if as_json:
         print_json({"batch_id": bid, "total": total})
     else:
@@ -316,6 +320,8 @@ def status(batch_id: str, as_json: bool) -> None:
         found = batch_status(client, batch_id)
     if found is None:
         raise CliFailure(_no_such_batch(batch_id))
+    if found.tampered is not None and not as_json:
+        raise CliFailure(_changed(batch_id, found.tampered), exit_code=1)
     if as_json:
         print_json(
             {
@@ -326,6 +332,7 @@ def status(batch_id: str, as_json: bool) -> None:
                 "succeeded": found.succeeded,
                 "failed": found.failed,
                 "failed_by_type": found.failed_by_type,
+                "tampered": found.tampered,
             }
         )
     else:
@@ -338,8 +345,18 @@ def status(batch_id: str, as_json: bool) -> None:
                 else ""
             )
         )
+    if found.tampered is not None:
+        raise click.exceptions.Exit(1)
     complete = found.done >= found.total
     raise click.exceptions.Exit(0 if complete and not found.failed else 1)
+
+
+def _changed(batch_id: str, problem: str) -> str:
+    return (
+        f"batch {batch_id}: its ledger was changed after it was submitted ({problem}); "
+        "none of its results is counted or written: someone with the producers' Redis "
+        "user wrote to it (docs/security.md)"
+    )
 
 
 @batch.command("results")
@@ -356,6 +373,8 @@ def results(batch_id: str, out_path: str, wait: bool) -> None:
         found = batch_status(client, batch_id)
         if found is None:
             raise CliFailure(_no_such_batch(batch_id))
+        if found.tampered is not None:
+            raise CliFailure(_changed(batch_id, found.tampered), exit_code=1)
         if not wait and found.done < found.total:
             raise CliFailure(
                 f"{batch_id} is not finished: {found.done} of {found.total} done", exit_code=1

@@ -1,5 +1,7 @@
 """A request id is bound to its content, the way an idempotency key is in a payment API.
 
+Its binding is also where a worker finds it cancelled (``cancelled_result``).
+
 The first message (or producer) to use a request id binds it to a digest of what
 it asks for: skill, tool and arguments. The same id with the same content is the
 same request: its stored result answers it, and it never runs twice for nothing.
@@ -24,8 +26,10 @@ from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
 
 __all__ = [
+    "REASON_CANCELLED",
     "REASON_REUSED",
     "RequestIdReused",
+    "cancelled_result",
     "content_digest",
     "request_digest",
     "reused_result",
@@ -33,6 +37,8 @@ __all__ = [
 
 #: ``details["reason"]`` of a request refused because its id was bound to other content.
 REASON_REUSED = "request_id_reused"
+#: ``details["reason"]`` of a request cancelled before it started (``SkillClient.revoke``).
+REASON_CANCELLED = "cancelled"
 
 
 class RequestIdReused(Exception):
@@ -74,4 +80,16 @@ def reused_result(body: Any) -> SkillResult:
         "this request id was already used for a different request (other skill, tool or "
         "arguments): nothing was run; send it with a new request id",
         {"reason": REASON_REUSED},
+    )
+
+
+def cancelled_result(body: Any, request_id: str) -> SkillResult:
+    """The answer to a request cancelled before any run of it started: nothing ran."""
+    skill, tool = names_of(body)
+    return failed_result(
+        skill,
+        tool,
+        SkillErrorType.TOOL_EXECUTION_FAILURE,
+        f"invocation {request_id} was cancelled before it started: nothing was run",
+        {"reason": REASON_CANCELLED},
     )

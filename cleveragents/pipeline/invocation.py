@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleveragents.pipeline.binding import content_digest, reused_result
+from cleveragents.pipeline.binding import cancelled_result, content_digest, reused_result
 from cleveragents.pipeline.guard import Guard
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
@@ -72,19 +72,23 @@ class Pipeline:
     def answered(
         self, body: Any, request_id: str, started: StartedMark | None = None
     ) -> SkillResult | None:
-        """The answer to a delivery that must neither run nor store anything, if it is one.
+        """The answer to a delivery that must not run, if it is one.
 
         Its id bound to other content: the ``request_id_reused`` refusal. Its id bound
-        to this content with a result stored that answers it: that result. Where the
-        delivery runs, ``started`` (if given) is stored first. The first delivery of an
-        id costs one round trip on Redis, its ``STARTED`` included.
+        to this content with a result stored that answers it: that result. Both store
+        nothing. Its id cancelled before any run of it started: the ``cancelled``
+        failure, which is stored as its result. Where the delivery runs, ``started``
+        (if given) is stored first. The first delivery of an id costs one round trip
+        on Redis, its ``STARTED`` and its cancel mark included.
         """
         digest = content_digest(body)
         if started is None:
             [before] = self.guard.store.bind([(request_id, digest)])
             marked = False
         else:
-            before, marked = self.guard.store.bind_starting(request_id, digest, started)
+            before, marked, cancelled = self.guard.store.bind_starting(request_id, digest, started)
+            if cancelled:
+                return cancelled_result(body, request_id)
         if before is None:
             return None
         if before != digest:

@@ -15,12 +15,13 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cleveragents.skills import SkillResult
 
 __all__ = [
     "BatchLedger",
+    "Binding",
     "Claim",
     "GuardStore",
     "MetricCounts",
@@ -120,14 +121,24 @@ class StartedMark:
     ttl_s: int = 0
 
 
-def bind_then_start(
-    store: GuardStore, request_id: str, digest: str, mark: StartedMark
-) -> tuple[str | None, bool]:
+class Binding(NamedTuple):
+    """What ``GuardStore.bind_starting`` found and did."""
+
+    #: The digest the id was bound to before (None: this call bound it).
+    before: str | None
+    #: Whether the ``StartedMark`` was stored: the run starts.
+    started: bool
+    #: The id was cancelled (``GuardStore.cancel``) before any run of it started:
+    #: nothing was stored, and it must not run.
+    cancelled: bool = False
+
+
+def bind_then_start(store: GuardStore, request_id: str, digest: str, mark: StartedMark) -> Binding:
     """``GuardStore.bind_starting`` in two steps: bind, then store ``mark`` if the id was free."""
     [before] = store.bind([(request_id, digest)])
     if before is None:
         mark.write()
-    return before, before is None
+    return Binding(before, before is None)
 
 
 @dataclass
@@ -206,16 +217,19 @@ class GuardStore(Protocol):
         """The digest ``request_id`` is bound to, or None when nothing used it (or it expired)."""
         ...
 
-    def bind_starting(
-        self, request_id: str, digest: str, mark: StartedMark
-    ) -> tuple[str | None, bool]:
+    def bind_starting(self, request_id: str, digest: str, mark: StartedMark) -> Binding:
         """``bind`` one id, and store ``mark`` where its run starts for sure.
 
         That is where the id was free; a store that can read the stored result in
         the same round trip (Redis) also stores it where the id is bound to this
-        digest and no finished result is stored. Returns the digest the id was
-        bound to before, and whether ``mark`` was stored.
+        digest and no finished result is stored, and there finds a cancel mark of
+        an id that never started (then stores nothing).
         """
+        ...
+
+    def cancel(self, request_id: str) -> bool:
+        """Mark ``request_id`` cancelled, for a worker to find before its run starts;
+        False where this store cannot (the embedded default's)."""
         ...
 
 
@@ -263,6 +277,19 @@ class BatchLedger(Protocol):
 
     def ids(self, batch_id: str) -> Iterator[str]:
         """The batch's request ids, in input order."""
+        ...
+
+    def length(self, batch_id: str) -> int:
+        """How many request ids the batch's ledger holds."""
+        ...
+
+    def seal(self, batch_id: str, seal: str) -> str | None:
+        """Make the batch's seal (``cleveragents.batch.seal``), once: None when made, else
+        the seal already there, which stays."""
+        ...
+
+    def seal_of(self, batch_id: str) -> str | None:
+        """The batch's seal, if it has one."""
         ...
 
     def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:

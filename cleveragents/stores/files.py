@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from cleveragents.constants import DEAD_LETTER_LIMIT
-from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
+from cleveragents.stores.base import (
+    Binding,
+    Claim,
+    MetricCounts,
+    StartedMark,
+    bind_then_start,
+)
 from cleveragents.stores.result_meta import KeyValueResults
 
 __all__ = ["FileBatchLedger", "FileGuardStore", "FileResultStore", "NullMetricStore"]
@@ -134,11 +140,13 @@ class FileGuardStore:
         except FileNotFoundError:
             return None
 
-    def bind_starting(
-        self, request_id: str, digest: str, mark: StartedMark
-    ) -> tuple[str | None, bool]:
+    def bind_starting(self, request_id: str, digest: str, mark: StartedMark) -> Binding:
         """Bind the id, then store ``mark`` through the backend if it was free."""
         return bind_then_start(self, request_id, digest, mark)
+
+    def cancel(self, request_id: str) -> bool:
+        """Nothing: its workers cannot be told (docs/mcp.md, "Cancellation")."""
+        return False
 
 
 class FileResultStore(KeyValueResults):
@@ -192,6 +200,28 @@ class FileBatchLedger:
         if path.exists():
             with path.open(encoding="utf-8") as handle:
                 yield from (line.rstrip("\n") for line in handle if line.strip())
+
+    def length(self, batch_id: str) -> int:
+        """How many request ids the batch's ledger holds."""
+        return sum(1 for _ in self.ids(batch_id))
+
+    def seal(self, batch_id: str, seal: str) -> str | None:
+        """Make the batch's seal once (an ``O_EXCL`` file): None when made, else the one
+        already there."""
+        folder = self.folder / batch_id
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(folder / "seal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self.seal_of(batch_id) or ""
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(seal)
+        return None
+
+    def seal_of(self, batch_id: str) -> str | None:
+        """The batch's seal, if it has one."""
+        path = self.folder / batch_id / "seal"
+        return path.read_text(encoding="utf-8") if path.exists() else None
 
     def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Keep the results of lines answered without being sent: a JSON line each."""

@@ -13,7 +13,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cleveragents.constants import DEAD_LETTER_LIMIT
-from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
+from cleveragents.stores.base import (
+    Binding,
+    Claim,
+    MetricCounts,
+    StartedMark,
+    bind_then_start,
+)
 from cleveragents.stores.result_meta import KeyValueResults
 
 __all__ = ["MemoryBatchLedger", "MemoryGuardStore", "MemoryMetricStore", "MemoryResultStore"]
@@ -80,11 +86,13 @@ class MemoryGuardStore:
         with self._lock:
             return self._bound.get(request_id)
 
-    def bind_starting(
-        self, request_id: str, digest: str, mark: StartedMark
-    ) -> tuple[str | None, bool]:
+    def bind_starting(self, request_id: str, digest: str, mark: StartedMark) -> Binding:
         """Bind the id, then store ``mark`` through the backend if it was free."""
         return bind_then_start(self, request_id, digest, mark)
+
+    def cancel(self, request_id: str) -> bool:
+        """Nothing: its workers cannot be told (docs/mcp.md, "Cancellation")."""
+        return False
 
 
 class MemoryResultStore(KeyValueResults):
@@ -117,6 +125,7 @@ class MemoryBatchLedger:
         self._metas: dict[str, str] = {}
         self._ids: dict[str, list[str]] = {}
         self._refused: dict[str, dict[str, str]] = {}
+        self._seals: dict[str, str] = {}
 
     def set_meta(self, batch_id: str, meta: dict[str, Any]) -> None:
         """Record (or replace) what the batch is: its file, counts, times."""
@@ -139,6 +148,22 @@ class MemoryBatchLedger:
         with self._lock:
             ids = list(self._ids.get(batch_id, ()))
         yield from ids
+
+    def length(self, batch_id: str) -> int:
+        """How many request ids the batch's ledger holds."""
+        with self._lock:
+            return len(self._ids.get(batch_id, ()))
+
+    def seal(self, batch_id: str, seal: str) -> str | None:
+        """Make the batch's seal once: None when made, else the one already there."""
+        with self._lock:
+            before = self._seals.setdefault(batch_id, seal)
+        return None if before == seal else before
+
+    def seal_of(self, batch_id: str) -> str | None:
+        """The batch's seal, if it has one."""
+        with self._lock:
+            return self._seals.get(batch_id)
 
     def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Keep the results of lines answered without being sent."""

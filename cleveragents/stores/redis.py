@@ -17,18 +17,20 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property, partial
 from typing import Any
 
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from cleveragents.constants import (
     BATCH_KEY_PREFIX,
     BIND_KEY_PREFIX,
+    CANCEL_KEY_PREFIX,
     CLAIM_KEY_PREFIX,
     DEAD_LETTER_KEY,
     DEAD_LETTER_LIMIT,
     DURATIONS_KEY,
     INVOCATIONS_KEY,
+    SEAL_KEY_PREFIX,
 )
-from cleveragents.stores.base import Claim, MetricCounts, StartedMark, bind_then_start
+from cleveragents.stores.base import Binding, Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.redis_retry import retrying
 from cleveragents.stores.resp import Arg, Script, pipelined
 from cleveragents.stores.result_meta import KeyValueResults
@@ -72,28 +74,41 @@ end
 return #KEYS
 """
 
-#: KEYS[1]: the id's bind key, KEYS[2]: its result key. ARGV: the digest, the bind's
-#: time to live (s), the encoded STARTED state, its time to live (s, 0: none). Binds
-#: the id; stores STARTED where the run starts for sure: the id was free (unless a
-#: SUCCESS is stored: that is never overwritten), or bound to this digest with no
-#: finished state stored. Returns what the bind key held before (nil: it was free),
-#: and 1 where STARTED was stored, else 0.
+#: KEYS[1]: the id's bind key, KEYS[2]: its result key, KEYS[3]: its cancel mark. ARGV:
+#: the digest, the bind's time to live (s), the encoded STARTED state, its time to live
+#: (s, 0: none). Binds the id; where it is cancelled and nothing is stored under it
+#: (no run of it ever started), stores nothing; else stores STARTED where the run
+#: starts for sure: the id was free (unless a SUCCESS is stored: that is never
+#: overwritten), or bound to this digest with no finished state stored. Returns what
+#: the bind key held before (nil: it was free), 1 where STARTED was stored (else 0),
+#: and 1 where it was cancelled (else 0).
 _BIND_STARTING_LUA = (
     STORE_STATE_LUA
     + """
+local cancelled = redis.call('EXISTS', KEYS[3]) == 1  -- first: refused, nothing is written
 local before = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'EX', ARGV[2])
 if before and before ~= ARGV[1] then
-  return {before, 0}
+  return {before, 0, 0}
 end
 if before then  -- bound by its producer (SETNX: no time to live yet)
   redis.call('SET', KEYS[1], ARGV[1], 'XX', 'EX', ARGV[2])
 end
-if store_state(KEYS[2], ARGV[3], ARGV[4], before) then
-  return {before, 1}
+if cancelled and not redis.call('GET', KEYS[2]) then
+  return {before, 0, 1}
 end
-return {before, 0}
+if store_state(KEYS[2], ARGV[3], ARGV[4], before) then
+  return {before, 1, 0}
+end
+return {before, 0, 0}
 """
 )
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether Redis refused a command for the user's rights (inside a script, Redis 7
+    answers a plain error that says so)."""
+    text = str(exc)
+    return isinstance(exc, NoPermissionError) or "NOPERM" in text or "can't access" in text
 
 
 def _text(value: Any) -> str:
@@ -235,35 +250,48 @@ class RedisGuardStore:
         raw = retrying(lambda: self.client.get(f"{BIND_KEY_PREFIX}{request_id}"))
         return None if raw is None else _text(raw)
 
-    def bind_starting(
-        self, request_id: str, digest: str, mark: StartedMark
-    ) -> tuple[str | None, bool]:
-        """Bind the id and store ``mark`` in one round trip (a worker's; see the script).
+    def bind_starting(self, request_id: str, digest: str, mark: StartedMark) -> Binding:
+        """Bind the id and store ``mark`` in one round trip (a worker's; see the script),
+        or find the id cancelled before it ever started.
 
         A producer, whose Redis user runs no scripts, or a mark without its encoded
         form, takes two steps (``bind_then_start``).
         """
         if not self.scripted or mark.key is None or self._bind_starting_refused:
             return bind_then_start(self, request_id, digest, mark)
-        keys = [f"{BIND_KEY_PREFIX}{request_id}", mark.key]
+        keys = [f"{BIND_KEY_PREFIX}{request_id}", mark.key, f"{CANCEL_KEY_PREFIX}{request_id}"]
         args: list[Arg] = [digest, self.ttl, mark.value, mark.ttl_s]
         try:
             # Sent again after a lost reply, it finds its own digest and its own
             # STARTED: stored again, which is harmless.
-            before, stored = retrying(lambda: self._bind_starting_script(keys=keys, args=args))
-        except NoPermissionError as exc:
+            before, stored, cancelled = retrying(
+                lambda: self._bind_starting_script(keys=keys, args=args)
+            )
+        except (NoPermissionError, ResponseError) as exc:
+            if not _refused(exc):
+                raise
             # A Redis user set up by an older docs/deployment.md: refused before the
-            # script ran, so nothing happened. Two steps from now on, said once.
+            # script ran, or by its first command, so nothing happened. Two steps from
+            # now on, said once.
             self._bind_starting_refused = True
             log.warning(
                 "Redis refused the script that binds a request id and stores STARTED at "
-                "once (%s): add ~celery-task-meta-* to the worker user's "
-                "(~cleveragents:bind:* +set +evalsha) selector (docs/deployment.md, "
-                '"Redis users per role"); until then it takes two round trips',
+                "once (%s): add ~celery-task-meta-* and ~cleveragents:cancel:* to the "
+                "worker user's (~cleveragents:bind:* +set +evalsha) selector, and a "
+                "selector (~cleveragents:cancel:* +exists) (docs/deployment.md, "
+                '"Redis users per role"); until then it takes two round trips and finds '
+                "no cancellation",
                 exc,
             )
             return bind_then_start(self, request_id, digest, mark)
-        return (None if before is None else _text(before)), bool(stored)
+        return Binding(None if before is None else _text(before), bool(stored), bool(cancelled))
+
+    def cancel(self, request_id: str) -> bool:
+        """Mark the id cancelled for as long as its result would be kept (a producer's
+        user may: ``SET`` on ``cleveragents:cancel:*``)."""
+        key = f"{CANCEL_KEY_PREFIX}{request_id}"
+        retrying(lambda: self.client.set(key, "1", ex=self.ttl))
+        return True
 
     @cached_property
     def _bind_starting_script(self) -> Script:
@@ -366,6 +394,26 @@ class RedisBatchLedger:
                 return
             yield from (_text(value) for value in page)
             start += len(page)
+
+    def length(self, batch_id: str) -> int:
+        """How many request ids the batch's ledger holds (``LLEN``)."""
+        ids_key = self._keys(batch_id)[1]
+        return int(retrying(lambda: self.client.llen(ids_key)))
+
+    def seal(self, batch_id: str, seal: str) -> str | None:
+        """Make the batch's seal once (``SETNX``: a producer's user may neither replace,
+        expire nor delete one; a worker's sweep gives it its time to live)."""
+        key = f"{SEAL_KEY_PREFIX}{batch_id}"
+        if retrying(lambda: self.client.setnx(key, seal)):
+            return None
+        before = self.seal_of(batch_id)
+        # Our own SETNX, whose reply was lost to a broken connection, made the key.
+        return None if before == seal else (before or "")
+
+    def seal_of(self, batch_id: str) -> str | None:
+        """The batch's seal, if it has one."""
+        raw = retrying(lambda: self.client.get(f"{SEAL_KEY_PREFIX}{batch_id}"))
+        return None if raw is None else _text(raw)
 
     def refuse(self, batch_id: str, payloads: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Keep the results of lines answered without being sent: a hash beside the ids."""

@@ -13,7 +13,7 @@ from cleveragents.broker.redis.result_backend import RedisBackend
 from cleveragents.constants import TASK_INVOKE
 from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
 from cleveragents.pipeline import execute
-from cleveragents.pipeline.binding import REASON_REUSED
+from cleveragents.pipeline.binding import REASON_CANCELLED, REASON_REUSED
 from cleveragents.stores import StartedMark
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
@@ -70,9 +70,15 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     started = _started(self, task_id) if track else None
     answer = pipeline.answered(body, task_id, started) if task_id else None
     if answer is not None:
+        reason = answer.error.details.get("reason") if answer.error is not None else None
+        if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
+            pipeline.observe(task_id, answer)
+            raise SkillInvocationFailed(
+                failure_summary(answer, None), result_payload(answer, task_id)
+            )
         # Its id answers another request, or this one already: nothing runs, and the
         # stored result is never overwritten (Ignore stores no state).
-        if answer.error is not None and answer.error.details.get("reason") == REASON_REUSED:
+        if reason == REASON_REUSED:
             pipeline.observe(task_id, answer)
         raise Ignore()
     result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))

@@ -152,6 +152,16 @@ def _start_metrics(sender: Any = None, **_: Any) -> None:
 
 
 @worker_ready.connect
+def _start_key_sweep(sender: Any = None, **_: Any) -> None:
+    # Request-id bindings and batch seals a producer made, and no worker has seen,
+    # get a time to live (cleveragents/stores/key_sweep.py).
+    try:
+        state.start_key_sweep(sender.app.backend)
+    except Exception as exc:  # never keeps a worker from serving
+        log.warning("could not start the sweep of producers' keys: %s", exc)
+
+
+@worker_ready.connect
 def _announce_ready(**_: Any) -> None:
     # The embedded runner waits for this file rather than polling a broadcast ping.
     ready_file = os.environ.get("CLEVERAGENTS_READY_FILE")

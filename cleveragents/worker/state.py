@@ -12,7 +12,8 @@ from cleveragents.pipeline import Pipeline
 from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
-from cleveragents.stores import open_stores
+from cleveragents.stores import RedisGuardStore, open_stores
+from cleveragents.stores.key_sweep import KeySweep
 from cleveragents.worker.invocation_report import WorkerObserver
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "current",
     "forget_inherited",
     "pipeline",
+    "start_key_sweep",
     "start_metrics",
 ]
 
@@ -100,6 +102,16 @@ def start_metrics(backend: Any) -> None:
     pipeline(backend)
     if _observer is not None:
         _observer.start()
+
+
+def start_key_sweep(backend: Any) -> bool:
+    """Give producers' keys a time to live from this process (the worker's main process,
+    once), when the stores are Redis'; True when it started."""
+    store = pipeline(backend).guard.store
+    if not isinstance(store, RedisGuardStore):
+        return False
+    KeySweep(store.client, store.ttl).start()
+    return True
 
 
 def close_metrics(wait_s: float = CLOSE_WAIT_S) -> None:

@@ -15,25 +15,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
-from cleveragents.broker.celery_settings import celery_settings
-from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_READ, TASK_INVOKE
 from cleveragents.messages import result_payload
 from cleveragents.metrics import MetricsRecorder, render
@@ -43,19 +37,17 @@ from cleveragents.runtime.outcomes import failed_result
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, SkillResult
 from cleveragents.stores import Claim, RedisGuardStore, StartedMark, open_stores
+from tests.support.acl_roles import compose_worker, producer_client, role_app
 from tests.support.composefile import (
     REDIS_ADMIN,
     REDIS_USERS,
     RedisWithUsers,
-    _argv,
     _program,
     _raw_compose,
     _redis_users_config,
-    _services,
-    _started,
     _subprocess_env,
 )
-from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, kill_group, wait_until
+from tests.support.procs import REPO, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -119,34 +111,6 @@ def acl_redis(acl_server: RedisWithUsers) -> RedisWithUsers:
     return acl_server
 
 
-@contextmanager
-def compose_worker(
-    server: RedisWithUsers, service: str, folder: Path, **env: str
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A worker run with ``service``'s compose command and environment, as its Redis user."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ready = folder / "ready"
-    environment = {
-        **_subprocess_env(service, folder),
-        "CLEVERAGENTS_BROKER_URL": server.service_url(service),
-        "CLEVERAGENTS_CATALOGUE": os.pathsep.join([str(FIXTURE_SKILLS), str(EXAMPLE_SKILLS)]),
-        "CLEVERAGENTS_NOTES_DIR": str(folder / "notes"),
-        "CLEVERAGENTS_READY_FILE": str(ready),
-        # In the deployment the worker runs as its own user and so do its command tools;
-        # here the test runs it as root, and its tools write into root's tmp_path.
-        "CLEVERAGENTS_TOOL_USER": "root" if os.geteuid() == 0 else "",
-        **env,
-    }
-    # Mingle and gossip on, as in the deployment; a node name of its own per worker.
-    argv = [*_program(_argv(_services()[service]["command"]))]
-    argv += ["--hostname", f"{service}-{uuid.uuid4().hex[:8]}@%h"]
-    log = folder / "worker.log"
-    with _started(argv, environment, folder, log) as proc:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, 60, f"{service} ready")
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        yield proc
-
-
 @pytest.fixture(scope="module")
 def acl_worker(
     acl_server: RedisWithUsers, tmp_path_factory: pytest.TempPathFactory
@@ -154,28 +118,9 @@ def acl_worker(
     """A worker (the compose worker service, its user) serving the module; its node name."""
     folder = tmp_path_factory.mktemp("acl-worker")
     with compose_worker(acl_server, "worker", folder):
-        replies = _app(acl_server, "flower").control.inspect(timeout=10, limit=1).ping() or {}
+        replies = role_app(acl_server, "flower").control.inspect(timeout=10, limit=1).ping() or {}
         assert len(replies) == 1, replies
         yield next(iter(replies))
-
-
-def _client(server: RedisWithUsers, home: Path) -> SkillClient:
-    url = server.service_url("producer")
-    return SkillClient(
-        settings=Settings.from_env({"CLEVERAGENTS_BROKER_URL": url, "CLEVERAGENTS_HOME": str(home)})
-    )
-
-
-def _app(server: RedisWithUsers, service: str) -> Celery:
-    """A Celery app with the project's settings and ``service``'s broker URL (so its user).
-
-    As ``flower``: the app Flower has (``celery -A worker flower``), for its events,
-    inspect and results.
-    """
-    app = Celery(f"as-{service}", set_as_current=False)
-    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": server.service_url(service)})
-    app.conf.update(celery_settings(settings))
-    return app
 
 
 def _cli(server: RedisWithUsers, service: str, home: Path, *args: str) -> str:
@@ -201,7 +146,7 @@ def _cli(server: RedisWithUsers, service: str, home: Path, *args: str) -> str:
 def test_producer_submits_waits_and_runs_batches_as_its_own_user(
     acl_redis: RedisWithUsers, acl_worker: str, tmp_path: Path
 ) -> None:
-    with _client(acl_redis, tmp_path) as client:
+    with producer_client(acl_redis, tmp_path) as client:
         # A single invocation, submitted and waited for
         handle = client.submit("local/text-tools", "local/word-count", {"text": "a b c"})
         assert handle.result(timeout=60).output_data == {"words": 3}
@@ -254,7 +199,7 @@ def test_producer_submits_waits_and_runs_batches_as_its_own_user(
 def test_metrics_exporter_reads_queues_and_counters_as_its_own_user(
     acl_redis: RedisWithUsers, acl_worker: str, tmp_path: Path
 ) -> None:
-    with _client(acl_redis, tmp_path) as client:
+    with producer_client(acl_redis, tmp_path) as client:
         text = "counted by the exporter"
         assert client.submit("local/text-tools", "local/shout", {"text": text}).result(60).success
     # The worker adds its counts to Redis every couple of seconds
@@ -277,7 +222,7 @@ def test_metrics_exporter_reads_queues_and_counters_as_its_own_user(
 def test_flower_like_client_follows_events_and_inspects_workers_as_its_own_user(
     acl_redis: RedisWithUsers, acl_worker: str, tmp_path: Path
 ) -> None:
-    app = _app(acl_redis, "flower")
+    app = role_app(acl_redis, "flower")
     events: list[dict[str, Any]] = []
     with app.connection_for_read() as connection:
         receiver = app.events.Receiver(connection, handlers={"*": events.append})
@@ -289,7 +234,7 @@ def test_flower_like_client_follows_events_and_inspects_workers_as_its_own_user(
                 30,
                 "a worker heartbeat",
             )
-            with _client(acl_redis, tmp_path) as client:
+            with producer_client(acl_redis, tmp_path) as client:
                 handle = client.submit("local/text-tools", "local/word-count", {"text": "x"})
                 assert handle.result(timeout=60).success
 
@@ -325,44 +270,9 @@ def test_flower_like_client_follows_events_and_inspects_workers_as_its_own_user(
     assert acl_redis.denials() == []
 
 
-@pytest.mark.slow
-def test_a_readonly_worker_puts_back_a_dead_workers_write_which_a_worker_then_runs(
-    tmp_path: Path,
-) -> None:
-    # A Redis of its own: no other worker may take the message first.
-    server = RedisWithUsers().start()
-    with ExitStack() as stack:
-        stack.callback(server.stop)
-        # A dead worker's message is put back within the recovery time (the visibility
-        # timeout is the last resort): both well beyond the 2 s run below.
-        fast = {"CLEVERAGENTS_VISIBILITY_TIMEOUT_S": "6", "CLEVERAGENTS_RECOVERY_S": "6"}
-        client = stack.enter_context(_client(server, tmp_path))
-        # Given a worker that dies while it runs an invocation from the write queue
-        first = stack.enter_context(compose_worker(server, "worker", tmp_path / "w1", **fast))
-        admin = server.admin()
-        marks = tmp_path / "tally"
-        args = {"path": str(marks), "key": "k", "sleep_s": 2}
-        handle = client.submit("test/batch", "test/tally", args, allow_writes=True)
-        wait_until(lambda: admin.hlen("unacked") == 1, 30, "the first worker to take it")
-        kill_group(first, signal.SIGKILL)
-        first.wait(10)
-        assert admin.hlen("unacked") == 1
-        # When only a read-only worker is left, past the recovery time
-        stack.enter_context(compose_worker(server, "worker-readonly", tmp_path / "ro", **fast))
-        # Then it puts the message back on the write queue, which it does not consume
-        wait_until(lambda: admin.llen("skills.write") == 1, 30, "the message put back")
-        assert admin.hlen("unacked") == 0
-        # And a worker runs it
-        stack.enter_context(compose_worker(server, "worker", tmp_path / "w2", **fast))
-        result = handle.result(timeout=60)
-        assert result.success, (result.error, server.denials())
-        assert marks.read_text(encoding="utf-8") == "k\n"  # the first run never finished
-        assert server.denials() == []
-
-
 def test_flower_cannot_enqueue_a_task(acl_redis: RedisWithUsers) -> None:
     # What Flower's task API (apply, async-apply, send-task) would do: refused, at once.
-    app = _app(acl_redis, "flower")
+    app = role_app(acl_redis, "flower")
     with pytest.raises(OperationalError, match="no permissions"):
         app.send_task("skills.invoke", args=[{}], queue="skills.read")
     app.close()
@@ -377,7 +287,7 @@ def test_worker_user_may_take_every_redis_path_of_the_workers_code(
     acl_redis: RedisWithUsers,
 ) -> None:
     # Paths a short test run seldom takes: poison messages, waiting on a claim, failures.
-    app = _app(acl_redis, "worker")
+    app = role_app(acl_redis, "worker")
     stores = open_stores(Settings.from_env({}), app.backend)  # as worker/state.py opens them
     rid = f"acl-paths-{uuid.uuid4()}"
     result = SkillResult(skill_name="s", tool_name="t", success=True, output_data={"n": 1})
@@ -406,7 +316,7 @@ def test_worker_user_may_take_every_redis_path_of_the_workers_code(
 def test_producer_user_may_take_every_redis_path_of_the_producers_code(
     acl_redis: RedisWithUsers, tmp_path: Path
 ) -> None:
-    with _client(acl_redis, tmp_path) as client:
+    with producer_client(acl_redis, tmp_path) as client:
         rid = f"acl-paths-{uuid.uuid4()}"
         refused = failed_result(
             "s", "t", SkillErrorType.PERMISSION_DENIED, "no", {"gates": [GATE_REQUEST]}
@@ -414,7 +324,8 @@ def test_producer_user_may_take_every_redis_path_of_the_producers_code(
         # Stored by a worker (the producer may not write a result)
         worker_side = open_stores(
             Settings.from_env({"CLEVERAGENTS_BROKER_URL": acl_redis.url("worker")}),
-            _app(acl_redis, "worker").backend, worker=True,
+            role_app(acl_redis, "worker").backend,
+            worker=True,
         )
         worker_side.results.put_many([(rid, refused)])
         assert client.get(rid) is not None
@@ -430,7 +341,8 @@ def test_producer_user_may_take_every_redis_path_of_the_producers_code(
         # A background batch's invalid line keeps its result in the ledger
         client.ledger.refuse("acl-batch", [("other", result_payload(refused, "other"))])
         assert client.ledger.refusals("acl-batch", [rid, "other"]) == [
-            None, result_payload(refused, "other")
+            None,
+            result_payload(refused, "other"),
         ]
     assert acl_redis.denials() == []
 
@@ -494,8 +406,17 @@ METRICS_REFUSED = [
     ("PUBLISH", "/0.celery.pidbox", "{}"),
     ("SUBSCRIBE", "celery-task-meta-someone"),
 ]
-#: A read-only worker never takes a message from a write queue.
+#: A read-only worker never takes a message from a write queue, nor reads, removes or
+#: holds one a write worker holds, nor keeps a write worker's heartbeat alive.
 READONLY_WORKER_REFUSED = [
+    ("HGETALL", "unacked"),
+    ("HGET", "unacked", "tag"),
+    ("HDEL", "unacked", "tag"),
+    ("ZRANGE", "unacked_index", "0", "-1"),
+    ("HGETALL", "cleveragents:held"),
+    ("HSET", "cleveragents:held", "tag", "holder"),
+    ("SET", "cleveragents:alive:someone", "1"),
+    ("SET", "cleveragents:reaper", "someone"),
     ("BRPOP", "skills.write", "1"),
     ("BRPOP", "skills.batch.write", "1"),
     ("RPOP", "skills.write"),
@@ -538,14 +459,14 @@ def test_each_user_is_refused_what_its_role_does_not_need(
 def test_a_producer_cannot_steer_workers_by_remote_control(
     acl_redis: RedisWithUsers, acl_worker: str, tmp_path: Path
 ) -> None:
-    with _client(acl_redis, tmp_path) as client:
+    with producer_client(acl_redis, tmp_path) as client:
         # Broadcast is publishing on /0.celery.pidbox: refused
         with pytest.raises(OperationalError, match="no permissions"):
             client.app.control.broadcast("shutdown", reply=False)
         with pytest.raises(OperationalError, match="no permissions"):
             client.app.control.add_consumer("skills.write", reply=False)
     # And the worker is still there, serving
-    assert _app(acl_redis, "flower").control.inspect(timeout=10, limit=1).ping() == {
+    assert role_app(acl_redis, "flower").control.inspect(timeout=10, limit=1).ping() == {
         acl_worker: {"ok": "pong"}
     }
     assert {entry["username"] for entry in acl_redis.denials()} == {"producer"}
@@ -559,19 +480,28 @@ def test_a_worker_user_of_the_older_rules_binds_and_stores_started_in_two_steps(
     admin = acl_redis.admin()
     older = f"older-worker-{uuid.uuid4().hex[:8]}"
     admin.execute_command(  # type: ignore[no-untyped-call]
-        "ACL", "SETUSER", older, "on", ">pw", "-@all", "+@connection", "+script|load",
-        "(~cleveragents:bind:* +set +evalsha)", "(~celery-task-meta-* +get +set +evalsha)",
+        "ACL",
+        "SETUSER",
+        older,
+        "on",
+        ">pw",
+        "-@all",
+        "+@connection",
+        "+script|load",
+        "(~cleveragents:bind:* +set +evalsha)",
+        "(~celery-task-meta-* +get +set +evalsha)",
     )
     try:
         client = redis.Redis(port=acl_redis.port, username=older, password="pw")
         store = RedisGuardStore(client, 600, scripted=True)
         writes: list[str] = []
-        mark = StartedMark(lambda: writes.append("started"), "celery-task-meta-old-1",
-                           '{"status": "STARTED"}', 600)
+        mark = StartedMark(
+            lambda: writes.append("started"), "celery-task-meta-old-1", '{"status": "STARTED"}', 600
+        )
         # When it binds a first delivery, twice
         with caplog.at_level(logging.WARNING, logger="cleveragents.stores.redis"):
-            assert store.bind_starting("old-1", "d1", mark) == (None, True)
-            assert store.bind_starting("old-2", "d1", mark) == (None, True)
+            assert store.bind_starting("old-1", "d1", mark)[:2] == (None, True)
+            assert store.bind_starting("old-2", "d1", mark)[:2] == (None, True)
         # Then it is bound, STARTED went through the backend, and the fix was said once
         assert admin.get("cleveragents:bind:old-1") == b"d1"
         assert writes == ["started", "started"]
@@ -590,7 +520,7 @@ def test_a_producer_cannot_rebind_a_waiting_request_id_so_that_its_own_request_a
     # A Redis of its own: the victim's write must wait, with no worker, until the attack
     server = RedisWithUsers().start()
     try:
-        with _client(server, tmp_path / "victim") as victim:
+        with producer_client(server, tmp_path / "victim") as victim:
             # Given a victim's write, bound to its content and waiting on skills.write
             rid = f"victim-{uuid.uuid4()}"
             handle = victim.submit(
@@ -607,7 +537,7 @@ def test_a_producer_cannot_rebind_a_waiting_request_id_so_that_its_own_request_a
                 with contextlib.suppress(redis.exceptions.NoPermissionError):
                     attacker.execute_command(*command)  # type: ignore[no-untyped-call]
             attacker.close()
-            raw = _app(server, "producer")
+            raw = role_app(server, "producer")
             raw.send_task(TASK_INVOKE, args=[forged], task_id=rid, queue=QUEUE_READ)
             raw.close()
             # Then, a worker started, the victim's answer is its own write's
@@ -650,7 +580,7 @@ def test_a_producer_binds_without_replacing_and_the_worker_gives_the_binding_its
     # The worker, binding a single invocation or a chunk's group, gives it the time to live
     as_worker = RedisGuardStore(worker, 600, scripted=True)
     mark = StartedMark(lambda: None, f"celery-task-meta-{rid}", '{"status": "STARTED"}', 600)
-    assert as_worker.bind_starting(rid, "d1", mark) == ("d1", True)
+    assert as_worker.bind_starting(rid, "d1", mark)[:2] == ("d1", True)
     assert as_worker.bind([(g, "d1") for g in group]) == ["d1"] * 3
     for key in (rid, *group):
         assert 0 < admin.ttl(f"cleveragents:bind:{key}") <= 600

@@ -217,7 +217,7 @@ def _scripted(stores: Stores) -> bool:
 
 def test_binding_a_free_id_stores_started_with_it(stores: Stores) -> None:
     started = Started(stores, "s-1")
-    assert stores.guard.bind_starting("s-1", "d1", started.mark) == (None, True)
+    assert stores.guard.bind_starting("s-1", "d1", started.mark)[:2] == (None, True)
     assert started.stored()
     assert stores.guard.binding("s-1") == "d1"
     # In one round trip where the store can: nothing written through the backend
@@ -227,7 +227,7 @@ def test_binding_a_free_id_stores_started_with_it(stores: Stores) -> None:
 def test_an_id_bound_to_other_content_stores_no_started(stores: Stores) -> None:
     stores.guard.bind([("s-2", "d1")])
     started = Started(stores, "s-2")
-    assert stores.guard.bind_starting("s-2", "other", started.mark) == ("d1", False)
+    assert stores.guard.bind_starting("s-2", "other", started.mark)[:2] == ("d1", False)
     assert not started.stored()
 
 
@@ -239,17 +239,17 @@ def test_an_id_bound_to_the_same_content_stores_started_only_where_nothing_finis
     running, finished = Started(stores, "s-3"), Started(stores, "s-4")
     # Nothing finished under s-3: a worker's Redis store marks it in the same round
     # trip; the others leave that to the caller, who reads the results first
-    assert stores.guard.bind_starting("s-3", "d1", running.mark) == ("d1", _scripted(stores))
+    assert stores.guard.bind_starting("s-3", "d1", running.mark)[:2] == ("d1", _scripted(stores))
     assert running.stored() == _scripted(stores)
     # A finished result is never overwritten
-    assert stores.guard.bind_starting("s-4", "d1", finished.mark) == ("d1", False)
+    assert stores.guard.bind_starting("s-4", "d1", finished.mark)[:2] == ("d1", False)
     assert stores.results.get_payloads(["s-4"]) == [result_payload(ok("four"), "s-4")]
 
 
 def test_a_stored_success_is_never_overwritten_by_started(stores: Stores) -> None:
     stores.results.put_many([("s-5", ok("five"))])
     started = Started(stores, "s-5")
-    before, _ = stores.guard.bind_starting("s-5", "d1", started.mark)
+    before, _, _ = stores.guard.bind_starting("s-5", "d1", started.mark)
     assert before is None
     assert stores.results.get_payloads(["s-5"]) == [result_payload(ok("five"), "s-5")]
 

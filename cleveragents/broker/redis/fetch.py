@@ -79,10 +79,11 @@ def fetch_command(
     unacked: tuple[str, str],
     holder: str,
     alive: str,
+    held: str = HELD_KEY,
     ttl_ms: int,
     now: float,
 ) -> list[Any]:
     """The ``EVALSHA`` of ``FETCH_LUA`` that takes the first message of ``queue_keys``."""
     doors = [door_key(queue) for queue in dict.fromkeys(queues)]
-    keys = [*unacked, HELD_KEY, alive, *doors, *queue_keys]
+    keys = [*unacked, held, alive, *doors, *queue_keys]
     return ["EVALSHA", sha, len(keys), *keys, repr(now), holder, ttl_ms, len(doors)]

@@ -41,9 +41,21 @@ from dataclasses import dataclass
 
 import redis
 
-from cleveragents.constants import ALIVE_KEY_PREFIX
+from cleveragents.constants import (
+    ALIVE_KEY_PREFIX,
+    HELD_KEY,
+    READ_ONLY_RECOVERY_PREFIX,
+    REAPER_KEY,
+)
 
-__all__ = ["Heartbeat", "RecoveryTiming", "alive_key", "new_holder_id", "process_heartbeat"]
+__all__ = [
+    "Heartbeat",
+    "RecoveryKeys",
+    "RecoveryTiming",
+    "alive_key",
+    "new_holder_id",
+    "process_heartbeat",
+]
 
 log = logging.getLogger("cleveragents.recovery")
 
@@ -75,14 +87,58 @@ class RecoveryTiming:
         return max(1, round(self.ttl_s * 1000))
 
 
+@dataclass(frozen=True)
+class RecoveryKeys:
+    """The keys of one role's recovery: what its workers hold, and who beats for it.
+
+    Write-capable workers keep kombu's own names (``unacked``, ``unacked_index``,
+    ``unacked_mutex``) and ``HELD_KEY``, ``REAPER_KEY``; read-only workers keep theirs
+    under ``READ_ONLY_RECOVERY_PREFIX``, and their holder ids start with ``ro/`` (no
+    host name has a ``/``), so that the read-only worker's Redis user is given only
+    its own (docs/deployment.md, "Redis users per role"): it can neither read a write
+    in flight, remove one, nor keep a dead write worker's holder alive. Each role's
+    reaper gives back what its own dead holders held.
+    """
+
+    unacked: str = "unacked"
+    unacked_index: str = "unacked_index"
+    unacked_mutex: str = "unacked_mutex"
+    held: str = HELD_KEY
+    reaper: str = REAPER_KEY
+    holder_prefix: str = ""
+
+    @classmethod
+    def of(cls, read_only: bool) -> RecoveryKeys:
+        """The keys of read-only workers, or of write-capable ones."""
+        if not read_only:
+            return cls()
+        prefix = READ_ONLY_RECOVERY_PREFIX
+        return cls(
+            unacked=f"{prefix}unacked",
+            unacked_index=f"{prefix}unacked_index",
+            unacked_mutex=f"{prefix}unacked_mutex",
+            held=f"{prefix}held",
+            reaper=f"{prefix}reaper",
+            holder_prefix="ro/",
+        )
+
+    def kombu_options(self) -> dict[str, str]:
+        """kombu's transport options naming its unacked hash, index and mutex."""
+        return {
+            "unacked_key": self.unacked,
+            "unacked_index_key": self.unacked_index,
+            "unacked_mutex_key": self.unacked_mutex,
+        }
+
+
 def alive_key(holder: str) -> str:
     """The heartbeat key of ``holder``."""
     return f"{ALIVE_KEY_PREFIX}{holder}"
 
 
-def new_holder_id() -> str:
+def new_holder_id(prefix: str = "") -> str:
     """A new holder id: this host and process, and a random part (pids are reused)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    return f"{prefix}{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 class Heartbeat:

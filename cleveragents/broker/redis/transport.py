@@ -51,12 +51,12 @@ from cleveragents.broker.redis.fetch import (
 )
 from cleveragents.broker.redis.liveness import (
     Heartbeat,
+    RecoveryKeys,
     RecoveryTiming,
     alive_key,
     new_holder_id,
     process_heartbeat,
 )
-from cleveragents.constants import HELD_KEY, REAPER_KEY
 
 __all__ = ["Channel", "QoS", "Transport"]
 
@@ -71,12 +71,17 @@ class QoS(kombu_redis.QoS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: This channel's holder id; its messages are its own until it stops beating.
-        self.holder = new_holder_id()
+        self.holder = new_holder_id(self.keys.holder_prefix)
         self._heartbeat: Heartbeat | None = None
         self._reaped_at = float("-inf")
         self._sweeping = False
         #: Delivery tags the fetch script has recorded as held (and append need not).
         self.recorded: set[str] = set()
+
+    @property
+    def keys(self) -> RecoveryKeys:
+        """The recovery keys of the channel's role (read-only or write-capable workers)."""
+        return self.channel.recovery_keys
 
     @property
     def timing(self) -> RecoveryTiming:
@@ -104,7 +109,7 @@ class QoS(kombu_redis.QoS):
             # One MULTI: nobody ever sees the message held by a holder that has no key.
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
                 self.unacked_key, delivery_tag, dumps([message._raw, exchange, routing_key])
-            ).hset(HELD_KEY, delivery_tag, self.holder).set(
+            ).hset(self.keys.held, delivery_tag, self.holder).set(
                 alive_key(self.holder), "1", px=self.timing.ttl_ms
             ).execute()
             virtual.QoS.append(self, message, delivery_tag)
@@ -113,7 +118,7 @@ class QoS(kombu_redis.QoS):
         # kombu's ack, reject and restore all go through here: the holder goes with them.
         # (A private method of kombu's QoS, absent from kombu's stubs.)
         removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
-        return removed.hdel(HELD_KEY, delivery_tag)
+        return removed.hdel(self.keys.held, delivery_tag)
 
     def restore_unacked_once(self, stderr: Any = None) -> Any:
         """Restore what is still held (kombu, at channel close); then stop beating for it."""
@@ -153,7 +158,7 @@ class QoS(kombu_redis.QoS):
         try:
             with self.channel.conn_or_acquire() as client:
                 lock_ms = max(1, round(timing.reap_s * 1000))
-                if not client.set(REAPER_KEY, self.holder, nx=True, px=lock_ms):
+                if not client.set(self.keys.reaper, self.holder, nx=True, px=lock_ms):
                     return 0
                 return self._reap_dead(client)
         except redis.RedisError as exc:
@@ -168,7 +173,7 @@ class QoS(kombu_redis.QoS):
             tag
             for tag, holder in (
                 (bytes_to_str(tag), bytes_to_str(holder))
-                for tag, holder in client.hgetall(HELD_KEY).items()
+                for tag, holder in client.hgetall(self.keys.held).items()
             )
             if holder == self.holder and tag not in delivered
         ]
@@ -179,7 +184,7 @@ class QoS(kombu_redis.QoS):
 
     def _reap_dead(self, client: Any) -> int:
         by_holder: dict[str, list[str]] = defaultdict(list)
-        for tag, holder in client.hgetall(HELD_KEY).items():
+        for tag, holder in client.hgetall(self.keys.held).items():
             by_holder[bytes_to_str(holder)].append(bytes_to_str(tag))
         if not by_holder:
             return 0
@@ -217,7 +222,7 @@ class QoS(kombu_redis.QoS):
         def transaction(pipe: Any) -> None:
             nonlocal given
             given = False
-            raw_holder = pipe.hget(HELD_KEY, tag)
+            raw_holder = pipe.hget(self.keys.held, tag)
             current = None if raw_holder is None else bytes_to_str(raw_holder)
             if holder is not None:
                 keep = current != holder
@@ -241,7 +246,7 @@ class QoS(kombu_redis.QoS):
                 given = True
 
         with self.channel.conn_or_acquire(client) as conn:
-            conn.transaction(transaction, self.unacked_key, HELD_KEY)
+            conn.transaction(transaction, self.unacked_key, self.keys.held)
         return given
 
 
@@ -251,7 +256,19 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
     #: CLEVERAGENTS_RECOVERY_S: a dead holder's messages are handed out again within it.
     recovery_s: float = 30.0
-    from_transport_options = (*kombu_redis.Channel.from_transport_options, "recovery_s")
+    #: CLEVERAGENTS_READ_ONLY: what this worker holds is kept under the read-only
+    #: role's keys (``RecoveryKeys``; kombu's ``unacked_key`` options name the same).
+    recovery_read_only: bool = False
+    from_transport_options = (
+        *kombu_redis.Channel.from_transport_options,
+        "recovery_s",
+        "recovery_read_only",
+    )
+
+    @cached_property
+    def recovery_keys(self) -> RecoveryKeys:
+        """The keys of this worker's role: what it holds, its holders' prefix, its reaper."""
+        return RecoveryKeys.of(bool(self.recovery_read_only))
 
     @cached_property
     def recovery_timing(self) -> RecoveryTiming:
@@ -363,6 +380,7 @@ class Channel(kombu_redis.Channel):
                 unacked=(self.unacked_key, self.unacked_index_key),
                 holder=qos.holder,
                 alive=alive_key(qos.holder),
+                held=qos.keys.held,
                 ttl_ms=qos.timing.ttl_ms,
                 now=time.time(),
             )
