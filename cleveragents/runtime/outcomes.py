@@ -6,11 +6,13 @@ the batch runner, the wire decoder) builds it here, so that the result's
 read the same way everywhere: a field that is not a string counts as ``""``.
 Text a failure echoes (a producer's names, a tool's message) that UTF-8 cannot
 hold has its lone surrogates replaced (``runtime/text.py``), so that every result can be
-stored, logged and written.
+stored, logged and written. And a failure is small whatever a tool raised: its message
+is cut past ``MAX_MESSAGE_CHARS``, its details past ``MAX_DETAILS_CHARS`` of JSON.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +20,22 @@ from cleveragents.errors import SkillErrorType
 from cleveragents.runtime.text import holds_lone_surrogate, writable, writable_value
 from cleveragents.skills.protocol import SkillError, SkillResult
 
-__all__ = ["failed_result", "failed_with", "names_of", "text_field"]
+__all__ = [
+    "MAX_DETAILS_CHARS",
+    "MAX_MESSAGE_CHARS",
+    "failed_result",
+    "failed_with",
+    "names_of",
+    "text_field",
+]
+
+#: The longest message a failure keeps, in characters (a python tool may raise with
+#: megabytes of text; the stored result holds the message more than once).
+MAX_MESSAGE_CHARS = 10_000
+#: The most characters of JSON a failure's details keep.
+MAX_DETAILS_CHARS = 10_000
+#: How much of one string a failure's details keep when they are cut.
+_DETAIL_CHARS = 1_000
 
 
 def text_field(body: Any, name: str) -> str:
@@ -30,6 +47,42 @@ def text_field(body: Any, name: str) -> str:
 def names_of(body: Any) -> tuple[str, str]:
     """The skill and tool names an untrusted request body carries (``""`` where absent)."""
     return text_field(body, "skill"), text_field(body, "tool")
+
+
+def _cut(text: str, keep: int) -> str:
+    return text if len(text) <= keep else text[:keep] + f"... ({len(text) - keep:,} more chars)"
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, default=str))
+
+
+def _small_details(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` within ``MAX_DETAILS_CHARS``: long strings cut, then what still does not
+    fit dropped (``details_cut`` counts the entries dropped)."""
+    if _json_size(details) <= MAX_DETAILS_CHARS:
+        return details
+    kept: dict[str, Any] = {}
+    budget, dropped = MAX_DETAILS_CHARS - 100, 0  # room for details_cut
+    for key, value in details.items():
+        value = _cut(value, _DETAIL_CHARS) if isinstance(value, str) else value
+        size = _json_size({key: value})
+        if size > budget:
+            dropped += 1
+            continue
+        kept[key] = value
+        budget -= size
+    if dropped:
+        kept["details_cut"] = dropped
+    return kept
+
+
+def _small(error: SkillError) -> SkillError:
+    message = _cut(error.message, MAX_MESSAGE_CHARS)
+    details = _small_details(error.details)
+    if message is error.message and details is error.details:
+        return error
+    return error.model_copy(update={"message": message, "details": details})
 
 
 def failed_result(
@@ -59,7 +112,8 @@ def failed_result(
 def failed_with(
     error: SkillError, skill: str, tool: str, *, duration_ms: float = 0.0
 ) -> SkillResult:
-    """A failed ``SkillResult`` carrying ``error`` as it is (its text made writable)."""
+    """A failed ``SkillResult`` carrying ``error`` (its text made writable, and cut to size)."""
+    error = _small(error)
     if holds_lone_surrogate(
         (error.message, error.skill_name, error.tool_name, error.details, skill, tool)
     ):

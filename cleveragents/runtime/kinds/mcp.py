@@ -14,7 +14,10 @@ library's: ``structuredContent`` (or a JSON text block) is the output; an
 ``isError`` answer, a JSON-RPC error or a server that dies during the call is a
 ``ToolExecutionError``; a server that cannot be started or reached is a
 ``ToolActivationError``; no answer by the deadline is ``ToolTimedOut`` (the
-request is cancelled on the server, which is how MCP stops a tool).
+request is cancelled on the server, which is how MCP stops a tool); a server
+that sends more than the output limit during a call is ``ToolOutputTooLarge``,
+at once (its session is closed). Every text a server wrote into a failure is
+kept as a short excerpt, the arguments blanked.
 """
 
 from __future__ import annotations
@@ -30,14 +33,21 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from cleveragents.constants import REDACTED, STDERR_TAIL_CHARS, STDOUT_HEAD_CHARS
-from cleveragents.errors import ToolActivationError, ToolExecutionError, ToolTimedOut
+from cleveragents.errors import (
+    ToolActivationError,
+    ToolExecutionError,
+    ToolOutputTooLarge,
+    ToolTimedOut,
+)
 from cleveragents.runtime.kinds.mcp_sessions import (
+    AnswerTooLarge,
     CallTimedOut,
     ConnectionLost,
     ServerSpec,
     ServerUnavailable,
     sessions,
 )
+from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 
@@ -48,6 +58,8 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _STDIO_KEYS = frozenset({"command", "env"})
 _HTTP_KEYS = frozenset({"url", "headers_from_env"})
+#: The longest excerpt of a server's error text kept in a failure.
+_EXCERPT_CHARS = STDOUT_HEAD_CHARS * 5
 
 
 def _names(where: str, value: Any, key_re: re.Pattern[str], what: str) -> None:
@@ -60,8 +72,10 @@ def _names(where: str, value: Any, key_re: re.Pattern[str], what: str) -> None:
 
 def _check_stdio(where: str, server: Mapping[str, Any]) -> None:
     command = server["command"]
-    if not isinstance(command, list) or not command or not all(
-        isinstance(a, str) and a for a in command
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(a, str) and a for a in command)
     ):
         raise ValueError(f"{where}: server.command must be a non-empty list of strings")
     _names(where, server.get("env", {}), _ENV_NAME_RE, "server.env maps variable names to strings")
@@ -188,24 +202,28 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
     Raises:
         ToolActivationError: the server cannot be started or reached, or did not answer.
         ToolTimedOut: no answer within ``timeout_s`` (the request was cancelled).
+        ToolOutputTooLarge: the server sent more than the output limit during the call.
         ToolExecutionError: the remote tool failed, or the server went away during the call.
     """
     server = server_of(tool)
     remote = tool.options["remote_tool"]
     _missing_header_variables(tool, server)
     try:
-        result = sessions().call(server, remote, arguments, timeout_s)
+        result = sessions().call(server, remote, arguments, timeout_s, max_output_bytes())
         if result.is_error:
-            text = _said(_remote_text(result), arguments, STDOUT_HEAD_CHARS * 5)
+            text = _said(_remote_text(result), arguments, _EXCERPT_CHARS)
             raise ToolExecutionError(
                 f"MCP tool {remote!r} answered with an error: {text}",
                 details={"remote_tool": remote, "remote_error": text},
             )
     except CallTimedOut:
         raise ToolTimedOut(tool.name, timeout_s, details={"remote_tool": remote}) from None
+    except AnswerTooLarge as exc:
+        raise ToolOutputTooLarge(tool.name, "output", exc.limit_bytes) from None
     except ServerUnavailable as exc:
+        said = _said(str(exc), arguments, _EXCERPT_CHARS)
         raise ToolActivationError(
-            f"tool activation failed for {tool.name!r}: MCP server {server.describe()!r}: {exc}",
+            f"tool activation failed for {tool.name!r}: MCP server {server.describe()!r}: {said}",
             details={"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)},
         ) from None
     except ConnectionLost as exc:
@@ -214,14 +232,15 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
             details={"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)},
         ) from None
     except MCPError as exc:
-        said = _said(exc.message, arguments, STDOUT_HEAD_CHARS * 5)
+        said = _said(exc.message, arguments, _EXCERPT_CHARS)
         raise ToolExecutionError(
             f"MCP server {server.describe()!r} refused the call of {remote!r}: {said}",
             details={"remote_tool": remote, "mcp_error_code": exc.code},
         ) from None
     except (RuntimeError, ValidationError) as exc:  # the SDK's checks of the server's answer
+        said = _said(str(exc), arguments, _EXCERPT_CHARS)
         raise ToolExecutionError(
-            f"MCP tool {remote!r} gave an answer that is not valid: {exc}",
+            f"MCP tool {remote!r} gave an answer that is not valid: {said}",
             details={"remote_tool": remote, "exception_type": type(exc).__name__},
         ) from None
     return output_of(tool, result)

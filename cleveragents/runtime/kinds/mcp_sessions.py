@@ -9,9 +9,13 @@ session; the next call starts the server again. A forked child never uses its
 parent's sessions (the pool is checked against ``os.getpid()``), and a process
 closes its sessions when it exits (``close_sessions``).
 
+Every session has a ``Meter`` (``mcp_bounds``) on its transport: a call that is
+sent more than its output limit ends at once, and the session is closed (a stdio
+server is stopped; ``mcp_stdio`` is the stdio transport that reads under it).
+
 This module raises its own small errors (``ServerUnavailable``, ``ConnectionLost``,
-``CallTimedOut``) and lets the SDK's ``MCPError`` through; the kind
-(``mcp_tool``) turns them into the library's.
+``CallTimedOut``, ``AnswerTooLarge``) and lets the SDK's ``MCPError`` through; the
+kind (``mcp_tool``) turns them into the library's.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, TextIO, cast
 
 import anyio
 from anyio.abc import ObjectSendStream
-from mcp import ClientSession, StdioServerParameters, stdio_client, types
+from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
@@ -41,11 +45,15 @@ from cleveragents.constants import STDERR_TAIL_CHARS
 from cleveragents.runtime.confined import SHEPHERD, ToolUser
 from cleveragents.runtime.kinds.command import BASE_ENV, scratch_folder
 from cleveragents.runtime.kinds.command import KIND as COMMAND_KIND
+from cleveragents.runtime.kinds.mcp_bounds import IDENTITY, Meter, bound_http
+from cleveragents.runtime.kinds.mcp_stdio import stdio_transport
+from cleveragents.runtime.limits import default_output_limit
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
     "SERVER_LIFETIME_S",
     "START_TIMEOUT_S",
+    "AnswerTooLarge",
     "CallTimedOut",
     "ConnectionLost",
     "ServerSpec",
@@ -92,6 +100,14 @@ class ConnectionLost(Exception):
 
 class CallTimedOut(Exception):
     """Raised when a call outlived its deadline (the request was cancelled on the server)."""
+
+
+class AnswerTooLarge(Exception):
+    """Raised when a server sent a call more than its output limit (the session was closed)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(f"the server sent more than the output limit of {limit_bytes} bytes")
+        self.limit_bytes = limit_bytes
 
 
 class _SessionExpired(Exception):
@@ -215,6 +231,7 @@ class _Connection:
         self.alive = True
         self.settled = asyncio.Event()  # started, or failed to
         self.closing = asyncio.Event()
+        self.meter = Meter(self.close)  # past the limit: the session is closed
         self._stderr = _StderrFile() if spec.command else None
         self.task = asyncio.get_running_loop().create_task(self._hold())
 
@@ -260,10 +277,8 @@ class _Connection:
             env = stdio_environment(self.spec)
             if user is not None:  # the worker's home and temporary folder are not the user's
                 env["HOME"] = env["TMPDIR"] = scratch
-            params = StdioServerParameters(
-                command=sys.executable, args=shepherded(self.spec.command, user), env=env
-            )
-            async with stdio_client(params, errlog=self._stderr.file) as (read, write):
+            argv = [sys.executable, *shepherded(self.spec.command, user)]
+            async with stdio_transport(argv, env, self._stderr.file, self.meter) as (read, write):
                 # Relay what the server says, to see its end: an idle server that exits
                 # marks the session dead, so the next call starts it again.
                 send, relayed = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -278,10 +293,16 @@ class _Connection:
 
         headers = {header: os.environ[var] for header, var in self.spec.headers_from_env}
         timeout = httpx2.Timeout(_HTTP_TIMEOUT_S, read=_HTTP_READ_TIMEOUT_S)
+        hooks = {"response": [bound_http(self.meter)]}
         assert self.spec.url is not None
         async with (
-            httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
-            streamable_http_client(self.spec.url, http_client=http) as (read, write),
+            httpx2.AsyncClient(
+                headers={**headers, **IDENTITY}, timeout=timeout, event_hooks=hooks
+            ) as http,
+            # One event of a stream is as large as an answer may be (the SDK's own cap: 1 MiB).
+            streamable_http_client(
+                self.spec.url, http_client=http, max_sse_event_size=default_output_limit()
+            ) as (read, write),
         ):
             yield read, write
 
@@ -306,18 +327,28 @@ class SessionPool:
         self._thread.start()
 
     def call(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+        self,
+        spec: ServerSpec,
+        name: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        limit_bytes: int | None = None,
     ) -> types.CallToolResult:
         """Call tool ``name`` of the server ``spec`` within ``timeout_s``.
+
+        ``limit_bytes``: the most the server may send during the call (None: the process's
+        default output limit).
 
         Raises:
             ServerUnavailable: the server did not start, or not in time.
             ConnectionLost: the server went away during the call.
             CallTimedOut: no answer by the deadline; the request was cancelled.
+            AnswerTooLarge: the server sent more than ``limit_bytes``; the session was closed.
             MCPError: the server answered the request with a JSON-RPC error.
         """
+        limit = default_output_limit() if limit_bytes is None else limit_bytes
         future = asyncio.run_coroutine_threadsafe(
-            self._call(spec, name, arguments, timeout_s), self._loop
+            self._call(spec, name, arguments, timeout_s, limit), self._loop
         )
         try:
             return future.result(timeout_s + _BACKSTOP_S)
@@ -327,24 +358,36 @@ class SessionPool:
             future.cancel()  # a caller interrupted (a signal) takes its call with it
 
     async def _call(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float, limit: int
     ) -> types.CallToolResult:
         deadline = anyio.current_time() + timeout_s
         try:
-            return await self._call_once(spec, name, arguments, deadline)
+            return await self._call_once(spec, name, arguments, deadline, limit)
         except _SessionExpired:
             # MCP: a 404 for a session means the server no longer knows it (it restarted)
             # and did not run the request; the client starts a new session. Once.
             pass
         try:
-            return await self._call_once(spec, name, arguments, deadline)
+            return await self._call_once(spec, name, arguments, deadline, limit)
         except _SessionExpired as exc:
             raise exc.error from None
 
     async def _call_once(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], deadline: float
+        self, spec: ServerSpec, name: str, arguments: dict[str, Any], deadline: float, limit: int
     ) -> types.CallToolResult:
         connection = self._connection(spec)
+        with connection.meter.call(limit) as call:
+            try:
+                return await self._call_on(connection, name, arguments, deadline)
+            except Exception:  # whatever the session made of it: the answer was too large
+                if connection.meter.over(call):
+                    raise AnswerTooLarge(limit) from None
+                raise
+
+    async def _call_on(
+        self, connection: _Connection, name: str, arguments: dict[str, Any], deadline: float
+    ) -> types.CallToolResult:
+        spec = connection.spec
         session = await self._started(connection, deadline - anyio.current_time())
         try:
             with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
@@ -386,9 +429,7 @@ class SessionPool:
         if self.pid != os.getpid() or self._loop.is_closed():
             return
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._close_all(), self._loop).result(
-                CLOSE_TIMEOUT_S
-            )
+            asyncio.run_coroutine_threadsafe(self._close_all(), self._loop).result(CLOSE_TIMEOUT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(CLOSE_TIMEOUT_S)
         if not self._thread.is_alive():
