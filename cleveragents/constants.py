@@ -35,6 +35,9 @@ BIND_KEY_PREFIX = "cleveragents:bind:"
 #: Prefix of a background batch's seal: how many ids it has and their digest, made once
 #: by its producer at submit (``cleveragents.batch.seal``).
 SEAL_KEY_PREFIX = "cleveragents:seal:"
+#: Prefix of a tool's fleet-wide limits: its running slots and its window of starts
+#: (``cleveragents.pipeline.limits``).
+LIMIT_KEY_PREFIX = "cleveragents:limit:"
 #: Prefix of an invocation's cancel mark: a worker that finds it never starts the run.
 CANCEL_KEY_PREFIX = "cleveragents:cancel:"
 #: The Redis list of poison invocations kept for inspection (newest first).

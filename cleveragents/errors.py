@@ -37,6 +37,7 @@ __all__ = [
     "ToolExecutionError",
     "ToolOutputTooLarge",
     "ToolTimedOut",
+    "TransientToolError",
     "WriteRefused",
 ]
 
@@ -106,6 +107,19 @@ class ToolActivationError(CleverAgentsError, error_type=SkillErrorType.TOOL_ACTI
 
 class ToolExecutionError(CleverAgentsError, error_type=SkillErrorType.TOOL_EXECUTION_FAILURE):
     """Raised when a tool fails while it runs (crash, exit code, time-out, bad output)."""
+
+
+class TransientToolError(ToolExecutionError):
+    """Raised by a python tool: this attempt failed for a reason that may pass (a 503,
+    a dropped connection, a server restarting). A tool whose ``retry`` policy allows
+    another attempt is tried again; else it is a ``tool_execution_failure`` like any
+    other, with ``details["transient"]`` (a command tool says the same by exiting 75,
+    ``EX_TEMPFAIL``)."""
+
+    def __init__(self, message: str = "", *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            message or "a transient failure", details={**(details or {}), "transient": True}
+        )
 
 
 class ToolTimedOut(ToolExecutionError):

@@ -98,9 +98,14 @@ REASONS = frozenset(
         "request_id_reused",  # a request id bound to other content
         "revoked",  # an invocation revoked before it ended
         "cancelled",  # an invocation cancelled before it started
+        "retried",  # an attempt that failed for a reason that may pass, tried again
     }
 )
 OTHER_REASON = "other"
+#: First label of the invocation-hash fields that count waits for a tool's limits, and
+#: the milliseconds waited (three labels: no invocation series has that many).
+_WAITS = "limit_wait"
+_WAITED_MS = "limit_wait_ms"
 #: The invocation series (outcome, error_type, reason) every catalogue tool starts
 #: at zero: success and the failures a known tool can have.
 ZERO_SERIES = (
@@ -195,6 +200,18 @@ class MetricsRecorder:
             counts.invocations[key] += 1
             counts.durations[duration] += 1
             counts.sums[series] = counts.sums.get(series, 0.0) + seconds
+        self._ensure_flusher()
+
+    def record_wait(self, skill: str, tool: str, seconds: float) -> None:
+        """Count an invocation sent back to wait ``seconds`` for its tool's limits."""
+        self._own_process()
+        shown_skill, shown_tool = self._labels(skill, tool)
+        with self._lock:
+            counts = self._counts
+            counts.invocations[json.dumps([_WAITS, shown_skill, shown_tool])] += 1
+            counts.invocations[json.dumps([_WAITED_MS, shown_skill, shown_tool])] += max(
+                0, round(seconds * 1000)
+            )
         self._ensure_flusher()
 
     def _series(self, labels: tuple[str, str, str, str, str], bucket: str) -> tuple[str, str, str]:
@@ -378,7 +395,34 @@ def render(redis: Any, queues: QueueGauges | None = None) -> str:
     counts = RedisMetricStore(redis).totals()
     lines += _invocations(counts)
     lines += _histogram(counts)
+    lines += _waits(counts)
     return "\n".join(lines) + "\n"
+
+
+def _waits(counts: MetricCounts) -> list[str]:
+    waits: Counter[tuple[str, str]] = Counter()
+    waited_ms: Counter[tuple[str, str]] = Counter()
+    for field, count in counts.invocations.items():
+        names = _fields(field, 3)
+        if names is not None and names[0] in (_WAITS, _WAITED_MS):
+            (waits if names[0] == _WAITS else waited_ms)[(names[1], names[2])] += int(count)
+    if not waits:
+        return []
+    lines = [
+        "# HELP cleveragents_limit_waits_total Invocations sent back to wait for a tool's limits.",
+        "# TYPE cleveragents_limit_waits_total counter",
+    ]
+    for (skill, tool), count in sorted(waits.items()):
+        lines.append(f"cleveragents_limit_waits_total{_labels(skill=skill, tool=tool)} {count}")
+    lines += [
+        "# HELP cleveragents_limit_wait_seconds_total Time invocations were sent back to wait "
+        "for a tool's limits.",
+        "# TYPE cleveragents_limit_wait_seconds_total counter",
+    ]
+    for (skill, tool), ms in sorted(waited_ms.items()):
+        text = _labels(skill=skill, tool=tool)
+        lines.append(f"cleveragents_limit_wait_seconds_total{text} {ms / 1000:.3f}")
+    return lines
 
 
 def _invocations(counts: MetricCounts) -> list[str]:

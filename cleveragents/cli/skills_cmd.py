@@ -195,11 +195,13 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
     """Validate a catalogue; list every problem and exit 1 when there is any."""
     catalogue = _load(paths, checking=True, strict=True)
     problems = [*catalogue.errors, *_schema_problems(catalogue)]
+    warnings = _policy_warnings(catalogue)
     if as_json:
         print_json(
             {
                 "ok": not problems,
                 "skills": catalogue.names,
+                "warnings": warnings,
                 "problems": [
                     {
                         "where": p.where,
@@ -215,6 +217,8 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
     else:
         for problem in problems:
             click.echo(str(problem))
+        for warning in warnings:
+            err_console.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     verdict = f"{_resolved(len(catalogue))}; {_count(len(problems), 'problem')}"
     if problems:
         # A ClickException, not click's Exit: with standalone_mode=False click turns
@@ -222,6 +226,27 @@ def check_skills(paths: tuple[str, ...], as_json: bool) -> None:
         raise CliFailure(verdict, exit_code=1)
     if not as_json:
         click.echo(f"{_resolved(len(catalogue))}; ok")
+
+
+def _policy_warnings(catalogue: Catalogue) -> list[str]:
+    """What a skill file declares that will never take effect: a ``retry`` of a write
+    that is not idempotent (it keeps its at-most-once promise instead)."""
+    found = []
+    for name in catalogue.names:
+        file, line = catalogue.location(name)
+        where = f"{file}:{line}" if file and line else (file or name)
+        for tool in catalogue.own_tools(name):
+            policy = tool.retry
+            if policy is None or policy.attempts < 2 or not tool.write_capable:
+                continue
+            if tool.idempotent:
+                continue
+            found.append(
+                f"{where}: tool {tool.name} of skill {name}: its retry (attempts: "
+                f"{policy.attempts}) never applies: a write that is not idempotent runs at "
+                "most once; mark it `idempotent: true` if running it twice is safe"
+            )
+    return found
 
 
 #: Export formats ``skills export`` knows.

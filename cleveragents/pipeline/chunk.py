@@ -46,6 +46,8 @@ from typing import Any
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.pipeline.binding import content_digest, reused_result
 from cleveragents.pipeline.invocation import Pipeline
+from cleveragents.pipeline.limits import Permit
+from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime.outcomes import text_field
 from cleveragents.runtime.text import lone_surrogate
 from cleveragents.skills import SkillResult
@@ -118,6 +120,9 @@ ReportFailures = Callable[[list[ItemFailure]], None]
 
 #: Whether another message waits for this process (an interactive invocation).
 OthersWaiting = Callable[[], bool]
+#: Sends one request back to the broker on its own, with a delay (its body, its id, the
+#: delay in seconds, and whether it is a retry rather than a wait for a limit).
+Defer = Callable[[Any, str, float, bool], None]
 
 
 @dataclass(frozen=True)
@@ -215,10 +220,15 @@ class _Slice:
     """The state of one slice: results not yet stored, ids seen, counts."""
 
     def __init__(
-        self, pipeline: Pipeline, careful: bool, report: ReportFailures | None = None
+        self,
+        pipeline: Pipeline,
+        careful: bool,
+        report: ReportFailures | None = None,
+        defer: Defer | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.report = report
+        self.defer = defer
         self.failures: list[ItemFailure] = []
         # A chunk that came back may hold the invocation that kills its process:
         # each of its invocations counts its own deliveries and is stored at once,
@@ -245,7 +255,10 @@ class _Slice:
                 continue
             self.seen.add(rid)  # the same id twice in one chunk runs once
             started, began = time.time(), time.monotonic()
-            result = self.pipeline.run_guarded(body, rid, redelivered=self.careful, chunk_item=True)
+            result = self._run(body, rid)
+            if result is None:  # sent back to wait: its result comes from that message
+                self.ran += 1
+                continue
             self.pipeline.observe(rid, result)
             if not result.success and self.report is not None:
                 runtime = time.monotonic() - began
@@ -260,6 +273,33 @@ class _Slice:
         if len(self.pending) >= FLUSH_EVERY_N:
             self.flush()
         return through
+
+    def _run(self, body: Any, rid: str) -> SkillResult | None:
+        """One line's result; None where it went back to the broker on its own, to wait
+        for its tool's limits or for its retry (a chunk never waits on one line)."""
+        found = self.pipeline.policy_tool(body) if self.defer is not None else None
+        permits: list[Permit] = []
+        if found is not None and (found[0].limits or found[1]):
+            taken = self.pipeline.take_limits(body, found)
+            if isinstance(taken, float):
+                assert self.defer is not None
+                self.defer(body, rid, taken, False)
+                return None
+            permits = taken
+        try:
+            result = self.pipeline.run_guarded(body, rid, redelivered=self.careful, chunk_item=True)
+        finally:
+            for permit in permits:
+                permit.release()
+        if found is None or found[0].retry is None:
+            return result
+        delay = retry_delay_s(found[0], result, 1)
+        if delay is None:
+            return with_attempts(result, 1)
+        assert self.defer is not None
+        self.pipeline.observe(rid, retried(result, 1))
+        self.defer(body, rid, delay, True)
+        return None
 
     def _bound_elsewhere(self, bodies: Sequence[Any], ids: list[str]) -> set[str]:
         """Ids bound to other content: run nothing, store nothing (``pipeline/binding.py``)."""
@@ -316,6 +356,7 @@ def execute_chunk(
     requeue: Requeue,
     report_failures: ReportFailures | None = None,
     others_waiting: OthersWaiting | None = None,
+    defer: Defer | None = None,
 ) -> ChunkReport:
     """Run a chunk's requests for one time slice, storing each result; requeue the rest.
 
@@ -332,7 +373,7 @@ def execute_chunk(
         sizes = [min(MAX_CHUNK_ITEMS, over - at) for at in range(0, over, MAX_CHUNK_ITEMS)]
         _send_back(pipeline, careful, requeue, bodies, MAX_CHUNK_ITEMS, sizes)
         bodies = bodies[:MAX_CHUNK_ITEMS]
-    work = _Slice(pipeline, careful, report_failures)
+    work = _Slice(pipeline, careful, report_failures, defer)
     clock = _Clock(others_waiting)
     done = 0
     while done < len(bodies):

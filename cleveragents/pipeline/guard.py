@@ -98,10 +98,23 @@ class Guard:
         self.poll_s = poll_s
 
     def delivery(
-        self, request_id: str, body: Any, *, redelivered: bool, chunk_item: bool = False
+        self,
+        request_id: str,
+        body: Any,
+        *,
+        redelivered: bool,
+        chunk_item: bool = False,
+        resent: str = "",
     ) -> Delivery:
-        """One delivery of ``request_id``; use it as a context around the run."""
-        return Delivery(self, request_id, body, redelivered=redelivered, chunk_item=chunk_item)
+        """One delivery of ``request_id``; use it as a context around the run.
+
+        A message sent back under the id (``resent``: a retry, a wait for a limit) is
+        counted on its own where every delivery is counted: a retry is not a redelivery.
+        """
+        delivery = Delivery(self, request_id, body, redelivered=redelivered, chunk_item=chunk_item)
+        if resent:
+            delivery.count_as = f"{request_id}#{resent}"
+        return delivery
 
     def chunk_redelivered(self, chunk_id: str, redelivered: bool) -> bool:
         """Whether a chunk is run with care: it came back (its worker process died running
@@ -164,6 +177,8 @@ class Delivery:
     ) -> None:
         self.guard = guard
         self.request_id = request_id
+        #: What its deliveries are counted under (its id; a resent message: its own).
+        self.count_as = request_id
         self.body = body
         self.redelivered = redelivered
         self.chunk_item = chunk_item
@@ -195,7 +210,7 @@ class Delivery:
             # Handed out again while its first run is alive (a tool that outlives the
             # visibility timeout): not a sign of poison. Wait for that run instead.
             return guard.await_first_run(request_id, self.body, claim)
-        deliveries = guard.deliveries(request_id)
+        deliveries = guard.deliveries(self.count_as)
         if deliveries <= MAX_ATTEMPTS:
             return None
         result = poison_result(self.body, deliveries)

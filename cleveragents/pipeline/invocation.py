@@ -6,12 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleveragents.errors import CleverAgentsError
 from cleveragents.pipeline.binding import cancelled_result, content_digest, reused_result
 from cleveragents.pipeline.guard import Guard
+from cleveragents.pipeline.limits import LimitGate, Permit, limit_key
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
 from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite
 from cleveragents.skills import Catalogue, SkillResult
+from cleveragents.skills.model import ToolSpec
+from cleveragents.skills.policies import Limits
 from cleveragents.stores import ResultStore, StartedMark, Stores
 
 __all__ = ["Observer", "Pipeline", "execute"]
@@ -22,6 +26,10 @@ Observer = Callable[[str, SkillResult], None]
 
 def _unobserved(request_id: str, result: SkillResult) -> None:
     """The default observer: nothing is reported."""
+
+
+def _no_wait(skill: str, tool: str, seconds: float) -> None:
+    """The default of ``Pipeline.on_wait``: nothing is counted."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,10 @@ class Pipeline:
     default_timeout_s: float = DEFAULT_TIMEOUT_S
     max_timeout_s: float = MAX_TIMEOUT_S
     observe: Observer = field(default=_unobserved)
+    #: Where fleet-wide limits are taken (None: no limit is kept).
+    limit_gate: LimitGate | None = None
+    #: Told of each invocation sent back to wait for a limit: skill, tool, seconds.
+    on_wait: Callable[[str, str, float], None] = field(default=_no_wait)
 
     @classmethod
     def over(
@@ -46,6 +58,8 @@ class Pipeline:
         default_timeout_s: float = DEFAULT_TIMEOUT_S,
         max_timeout_s: float = MAX_TIMEOUT_S,
         observe: Observer = _unobserved,
+        limit_gate: LimitGate | None = None,
+        on_wait: Callable[[str, str, float], None] = _no_wait,
     ) -> Pipeline:
         """A pipeline whose guard and results live in ``stores``."""
         return cls(
@@ -56,7 +70,46 @@ class Pipeline:
             default_timeout_s=default_timeout_s,
             max_timeout_s=max_timeout_s,
             observe=observe,
+            limit_gate=limit_gate,
+            on_wait=on_wait,
         )
+
+    def policy_tool(self, body: Any) -> tuple[ToolSpec, Limits | None] | None:
+        """The catalogue tool ``body`` asks for, with its skill's limits (None: there is
+        no such tool; the run says why)."""
+        if not isinstance(body, dict):
+            return None
+        skill, tool = body.get("skill"), body.get("tool")
+        if not isinstance(skill, str) or not isinstance(tool, str):
+            return None
+        try:
+            _, entry = self.catalogue.find_tool(skill, tool)
+        except CleverAgentsError:
+            return None
+        return entry.tool, self.catalogue.skill_limits(entry.source_skill)
+
+    def take_limits(
+        self, body: Any, found: tuple[ToolSpec, Limits | None]
+    ) -> float | list[Permit]:
+        """Places under the tool's limits and its skill's: permits, or the seconds to
+        wait before asking again (nothing held)."""
+        tool, skill_limits = found
+        taken: list[Permit] = []
+        if self.limit_gate is None:
+            return taken
+        wanted = [(limit_key(str(body["skill"]), None), skill_limits),
+                  (limit_key(str(body["skill"]), tool.name), tool.limits)]  # fmt: skip
+        for key, limits in wanted:
+            if not limits:
+                continue
+            outcome = self.limit_gate.take(key, limits)
+            if isinstance(outcome, float):
+                for permit in taken:
+                    permit.release()
+                self.on_wait(str(body["skill"]), tool.name, outcome)
+                return outcome
+            taken.append(outcome)
+        return taken
 
     def run(self, body: Any, before_write: BeforeWrite | None = None) -> SkillResult:
         """Run one decoded request body through the runtime with this process's policy."""
@@ -104,16 +157,28 @@ class Pipeline:
         return None
 
     def run_guarded(
-        self, body: Any, request_id: str, *, redelivered: bool, chunk_item: bool = False
+        self,
+        body: Any,
+        request_id: str,
+        *,
+        redelivered: bool,
+        chunk_item: bool = False,
+        resent: str = "",
     ) -> SkillResult:
-        """Run one delivery under the guard: counted, its write claimed, perhaps not run at all."""
+        """Run one delivery under the guard: counted, its write claimed, perhaps not run at all.
+
+        ``resent`` tells a message sent back to the broker (a retry, a wait for a limit)
+        from the others under its id (``tasks/resend.py``).
+        """
         with self.guard.delivery(
-            request_id, body, redelivered=redelivered, chunk_item=chunk_item
+            request_id, body, redelivered=redelivered, chunk_item=chunk_item, resent=resent
         ) as delivery:
             return delivery.settled or delivery.finish(self.run(body, delivery.claim))
 
 
-def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool) -> SkillResult:
+def execute(
+    pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool, resent: str = ""
+) -> SkillResult:
     """Run one delivered invocation; every outcome is a ``SkillResult``.
 
     ``request_id`` is the message's task id: the guard counts and claims under it.
@@ -121,7 +186,7 @@ def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool
     store its result under anyway.
     """
     if request_id:
-        result = pipeline.run_guarded(body, request_id, redelivered=redelivered)
+        result = pipeline.run_guarded(body, request_id, redelivered=redelivered, resent=resent)
     else:
         result = pipeline.run(body)
     pipeline.observe(request_id, result)

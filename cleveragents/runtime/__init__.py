@@ -1,5 +1,6 @@
 """The tool runtime: the one place where tools run; every invocation becomes a ``SkillResult``."""
 
+from cleveragents.errors import TransientToolError
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
 from cleveragents.runtime.invoke import DEFAULT_TIMEOUT_S, effective_timeout, invoke, parse_request
@@ -13,6 +14,7 @@ __all__ = [
     "ToolKind",
     "ToolOutput",
     "ToolTimeout",
+    "TransientToolError",
     "check_write_gates",
     "effective_timeout",
     "invoke",

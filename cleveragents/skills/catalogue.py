@@ -14,7 +14,8 @@ from cleveragents.errors import (
     SkillResolutionError,
 )
 from cleveragents.skills.loader import iter_skill_files, load_file
-from cleveragents.skills.model import ResolvedToolEntry, Skill
+from cleveragents.skills.model import ResolvedToolEntry, Skill, ToolSpec
+from cleveragents.skills.policies import Limits
 from cleveragents.skills.protocol import SkillDefinition, SkillMetadata
 from cleveragents.skills.resolver import resolve_skill
 
@@ -249,6 +250,16 @@ class Catalogue:
                 details["did_you_mean"] = guess
             raise ResolutionFailure(message, details=details)
         return definition, entry
+
+    def own_tools(self, name: str) -> list[ToolSpec]:
+        """The tools skill ``name`` defines itself (not those it includes)."""
+        skill = self._skills.get(name)
+        return [] if skill is None else list(skill.tools)
+
+    def skill_limits(self, name: str) -> Limits | None:
+        """The limits skill ``name`` declares for all its own tools, if any."""
+        skill = self._skills.get(name)
+        return None if skill is None else skill.limits
 
     def list(self) -> list[SkillMetadata]:
         """Metadata of every skill that resolved, by name."""

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from cleveragents.skills import tool_kinds
+from cleveragents.skills.policies import Limits, RetryPolicy
 
 __all__ = [
     "NAME_PATTERN",
@@ -102,6 +103,10 @@ class ToolSpec(BaseModel):
     pass_env: list[str] = Field(default_factory=list)
     #: Kind-specific settings (an ``mcp`` tool's ``server`` and ``remote_tool``).
     options: dict[str, Any] = Field(default_factory=dict)
+    #: How a transient failure is retried (``cleveragents.skills.policies``).
+    retry: RetryPolicy | None = None
+    #: Fleet-wide limits: runs at once, starts per window.
+    limits: Limits | None = None
     _skill_folder: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
@@ -190,6 +195,8 @@ class Skill(BaseModel):
     read_only: bool | None = None
     input_schema: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
+    #: Fleet-wide limits shared by all the skill's own tools.
+    limits: Limits | None = None
 
     @field_validator("name")
     @classmethod

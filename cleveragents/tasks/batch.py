@@ -14,16 +14,24 @@ own row (``cleveragents.tasks.events``).
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from celery import Task
 
 from cleveragents.broker.interactive_waiting import interactive_waiting
-from cleveragents.constants import BATCH_HEADER, QUEUE_BATCH, SENT_AT_HEADER, TASK_INVOKE_CHUNK
-from cleveragents.messages import ChunkContext, chunk_repr
+from cleveragents.constants import (
+    BATCH_HEADER,
+    QUEUE_BATCH,
+    SENT_AT_HEADER,
+    TASK_INVOKE,
+    TASK_INVOKE_CHUNK,
+)
+from cleveragents.messages import ChunkContext, chunk_repr, redacted_repr
 from cleveragents.pipeline import execute_chunk
 from cleveragents.tasks.events import ItemEvents
 from cleveragents.tasks.invoke import redelivered
+from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, WAITS_HEADER
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
 
@@ -61,6 +69,7 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
         requeue=requeue,
         report_failures=failures,
         others_waiting=interactive_waiting(self.app),
+        defer=partial(_defer, self),
     )
     place = {} if context is None else context.summary()
     return {**place, **report.as_dict(), "failed": failures.failed, "requeued": sum(requeued)}
@@ -84,4 +93,21 @@ def _requeue(
         kwargsrepr="{}",
         ignore_result=True,
         headers=headers,
+    )
+
+
+def _defer(task: Task[Any, Any], body: Any, request_id: str, delay_s: float, retry: bool) -> None:
+    """Send one line back on its own, as a ``skills.invoke`` under its id: its retry
+    (attempt 2), or the same attempt after a wait for its tool's limits."""
+    queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
+    task.app.send_task(
+        TASK_INVOKE,
+        args=[body],
+        task_id=request_id,
+        queue=queue,
+        countdown=max(0.0, min(delay_s, MAX_LIMIT_WAIT_S) if not retry else delay_s),
+        retries=1 if retry else 0,
+        headers={WAITS_HEADER: 0 if retry else 1},
+        argsrepr=redacted_repr(body) if isinstance(body, dict) else "[redacted]",
+        kwargsrepr="{}",
     )

@@ -7,14 +7,19 @@ from functools import partial
 from typing import Any
 
 from celery import Task, states
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 
 from cleveragents.broker.redis.result_backend import RedisBackend
 from cleveragents.constants import TASK_INVOKE
 from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
-from cleveragents.pipeline import execute
+from cleveragents.pipeline import Pipeline
 from cleveragents.pipeline.binding import REASON_CANCELLED, REASON_REUSED
+from cleveragents.pipeline.limits import Permit
+from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
+from cleveragents.skills import SkillResult
+from cleveragents.skills.model import ToolSpec
 from cleveragents.stores import StartedMark
+from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
 
@@ -66,25 +71,73 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     task_id = self.request.id or ""
     body = _request_from_args(args, kwargs, task_id)
     pipeline = state.pipeline(self.app.backend)
-    track = task_id and self.app.conf.task_track_started
-    started = _started(self, task_id) if track else None
-    answer = pipeline.answered(body, task_id, started) if task_id else None
-    if answer is not None:
-        reason = answer.error.details.get("reason") if answer.error is not None else None
-        if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
-            pipeline.observe(task_id, answer)
-            raise SkillInvocationFailed(
-                failure_summary(answer, None), result_payload(answer, task_id)
-            )
-        # Its id answers another request, or this one already: nothing runs, and the
-        # stored result is never overwritten (Ignore stores no state).
-        if reason == REASON_REUSED:
-            pipeline.observe(task_id, answer)
-        raise Ignore()
-    result = execute(pipeline, body, request_id=task_id, redelivered=redelivered(self))
+    found = pipeline.policy_tool(body) if task_id else None
+    permits = _permits(self, pipeline, body, found)
+    try:
+        result = _run(self, pipeline, body, task_id)
+    finally:
+        for permit in permits:
+            permit.release()
+    tool = found[0] if found is not None else None
+    if tool is not None and tool.retry is not None:
+        attempt = attempt_of(self)
+        delay = retry_delay_s(tool, result, attempt)
+        if delay is not None:  # back to the broker: no process waits for it
+            _retry_later(self, pipeline, result, attempt, delay)
+        result = with_attempts(result, attempt)
+    pipeline.observe(task_id, result)
     payload = result_payload(result, task_id)
     if not result.success:
         # Flower shows the summary: argument strings a tool's message quotes are blanked.
         arguments = body.get("arguments") if isinstance(body, dict) else None
         raise SkillInvocationFailed(failure_summary(result, arguments), payload)
     return payload
+
+
+def _permits(
+    task: Task[Any, Any], pipeline: Pipeline, body: Any, found: tuple[ToolSpec, Any] | None
+) -> list[Permit]:
+    """Places under the tool's fleet-wide limits; over them, the message goes back to the
+    broker to wait (the pool process takes the next one) and nothing else happens."""
+    if found is None or not (found[0].limits or found[1]):
+        return []
+    taken = pipeline.take_limits(body, found)
+    if isinstance(taken, float):
+        resend(task, min(taken, MAX_LIMIT_WAIT_S), retry=False)
+        raise Ignore()
+    return taken
+
+
+def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> SkillResult:
+    """The delivery's result: an answer that needs no run, or the run's (not observed)."""
+    track = task_id and task.app.conf.task_track_started
+    started = _started(task, task_id) if track else None
+    answer = pipeline.answered(body, task_id, started) if task_id else None
+    if answer is None:
+        if not task_id:
+            return pipeline.run(body)
+        return pipeline.run_guarded(
+            body, task_id, redelivered=redelivered(task), resent=resent_key(task)
+        )
+    reason = answer.error.details.get("reason") if answer.error is not None else None
+    if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
+        return answer
+    # Its id answers another request, or this one already: nothing runs, and the
+    # stored result is never overwritten (Ignore stores no state).
+    if reason == REASON_REUSED:
+        pipeline.observe(task_id, answer)
+    raise Ignore()
+
+
+def _retry_later(
+    task: Task[Any, Any], pipeline: Pipeline, result: SkillResult, attempt: int, delay: float
+) -> None:
+    """Send the next attempt back to the broker with ``delay``; this one stores RETRY."""
+    task_id = task.request.id or ""
+    pipeline.observe(task_id, retried(result, attempt))
+    resend(task, delay, retry=True)
+    error = result.error
+    said = f" ({error.error_type.value})" if error is not None else ""
+    waiting = Retry(f"attempt {attempt} failed{said}; attempt {attempt + 1} in {delay:.1f} s")
+    task.backend.store_result(task_id, waiting, states.RETRY, request=task.request)
+    raise Ignore()

@@ -7,13 +7,15 @@ else), names one of our two tasks, and has the protocol-2 envelope Celery
 expects; a signed ``skills.invoke`` must carry its task id in its signed body.
 What an admitted message may ask of the worker is then cut down to what a skill
 invocation needs: the producer's time limits, ETA, expiry, retry count and linked
-tasks are dropped, since the worker's own limits decide (docs/guarantees.md). The
+tasks are dropped, since the worker's own limits decide (docs/guarantees.md); an
+ETA is kept only on a retry or a wait for a limit that the tool's policy allows. The
 worker's own hard time limit is set instead (``cleveragents/worker/time_limits.py``).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.exceptions import SecurityError
@@ -26,7 +28,10 @@ from cleveragents.broker.signing import (
     signed_body_content_type,
 )
 from cleveragents.constants import MAX_MESSAGE_BYTES, TASK_INVOKE, TASK_INVOKE_CHUNK
+from cleveragents.errors import CleverAgentsError
 from cleveragents.runtime.text import lone_surrogate
+from cleveragents.skills import Catalogue
+from cleveragents.tasks.resend import WAITS_HEADER, eta_allowed_s
 from cleveragents.worker import state
 from cleveragents.worker.time_limits import hard_limit_s
 
@@ -47,6 +52,8 @@ ACCEPTED_TASKS = frozenset({TASK_INVOKE, TASK_INVOKE_CHUNK})
 #: Headers a producer may not set: the worker's own limits and scheduling decide.
 _DROPPED_HEADERS = ("timelimit", "soft_time_limit", "time_limit", "expires", "eta",
                     "countdown", "shadow", "stamps", "stamped_headers")
+#: Clock difference between the worker that sent a retry and the one that takes it.
+_ETA_SLACK_S = 5.0
 #: The options part of an admitted body: no linked tasks, chains or chords.
 NO_LINKS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
@@ -160,6 +167,34 @@ def signed_id_problem(message: Any) -> str | None:
     return None
 
 
+def _kept_eta(headers: dict[str, Any], body: Any, catalogue: Catalogue) -> str | None:
+    """A delivery time the worker keeps: that of a retry of a tool with a ``retry``
+    policy, or of a wait for a limit of a limited tool, no later than the policy allows
+    (``cleveragents/tasks/resend.py``); None for any other message."""
+    raw = headers.get("eta")
+    if not isinstance(raw, str) or headers.get("task") != TASK_INVOKE:
+        return None
+    args = body[0] if isinstance(body, list | tuple) and body else None
+    request = args[0] if isinstance(args, list | tuple) and len(args) == 1 else None
+    if not isinstance(request, dict):
+        return None
+    skill, tool = request.get("skill"), request.get("tool")
+    if not isinstance(skill, str) or not isinstance(tool, str):
+        return None
+    try:
+        _, entry = catalogue.find_tool(skill, tool)
+        when = datetime.fromisoformat(raw)
+    except (CleverAgentsError, ValueError):
+        return None
+    longest = eta_allowed_s(entry.tool, catalogue.skill_limits(entry.source_skill) is not None,
+                            headers)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    if longest <= 0 or when > datetime.now(UTC) + timedelta(seconds=longest + _ETA_SLACK_S):
+        return None
+    return raw
+
+
 def sanitise(message: Any) -> None:
     """Drop what a producer may not decide (time limits, ETA, expiry, retries, links).
 
@@ -167,12 +202,17 @@ def sanitise(message: Any) -> None:
     slice and invocations) plus a grace (``cleveragents/worker/time_limits.py``).
     """
     headers = message.headers
+    body = message.payload  # the cached list Celery reads again: changed in place
+    current = state.current()
+    eta = _kept_eta(headers, body, current.catalogue)
     for name in _DROPPED_HEADERS:
         headers.pop(name, None)
-    headers["retries"] = 0
-    body = message.payload  # the cached list Celery reads again: changed in place
+    if eta is not None:
+        headers["eta"] = eta
+    else:  # nothing to wait for: counted from the start, as a first attempt
+        headers["retries"] = 0
+        headers.pop(WAITS_HEADER, None)
     body[2] = dict(NO_LINKS)
-    current = state.current()
     hard = hard_limit_s(headers.get("task"), body[0], current.catalogue, current.settings)
     # Celery's Request reads time_limits from this header: [hard, soft]. No soft limit:
     # the runtime's own deadline is the soft one, for every tool kind.

@@ -41,6 +41,10 @@ class WorkerObserver:
         log_invocation(request_id, result)
         self.recorder.record(result)
 
+    def waited(self, skill: str, tool: str, seconds: float) -> None:
+        """An invocation was sent back to wait ``seconds`` for its tool's limits."""
+        self.recorder.record_wait(skill, tool, seconds)
+
     def start(self) -> None:
         """Start every catalogue tool's series at zero (once per worker, at its start)."""
         self.recorder.start([] if self.catalogue is None else catalogue_tools(self.catalogue))

@@ -9,6 +9,7 @@ from typing import Any
 
 from cleveragents.metrics import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
+from cleveragents.pipeline.limits import FileLimitGate, LimitGate, RedisLimitGate
 from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
@@ -87,8 +88,18 @@ def pipeline(backend: Any) -> Pipeline:
                     default_timeout_s=state.settings.default_timeout_s,
                     max_timeout_s=state.settings.max_timeout_s,
                     observe=_observer,
+                    limit_gate=_limit_gate(stores, state.settings),
+                    on_wait=_observer.waited,
                 )
     return _pipeline
+
+
+def _limit_gate(stores: Any, settings: Settings) -> LimitGate:
+    """Where the fleet's limits are kept: beside the results on Redis, else in the home."""
+    guard = stores.guard
+    if isinstance(guard, RedisGuardStore):
+        return RedisLimitGate(guard.client, settings.recovery_s)
+    return FileLimitGate(settings.home.resolve() / "limits")
 
 
 def forget_inherited() -> None:

@@ -18,6 +18,7 @@ import logging
 import re
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,10 +33,12 @@ from cleveragents.constants import QUEUE_READ, TASK_INVOKE
 from cleveragents.messages import result_payload
 from cleveragents.metrics import MetricsRecorder, render
 from cleveragents.pipeline.binding import content_digest
+from cleveragents.pipeline.limits import Permit, RedisLimitGate
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, SkillResult
+from cleveragents.skills.policies import Limits
 from cleveragents.stores import Claim, RedisGuardStore, StartedMark, open_stores
 from tests.support.acl_roles import compose_worker, producer_client, role_app
 from tests.support.composefile import (
@@ -305,7 +308,15 @@ def test_worker_user_may_take_every_redis_path_of_the_workers_code(
     app.backend.mark_as_failure(f"{rid}-failed", ValueError("refused"))
     recorder = MetricsRecorder(stores.metrics)
     recorder.record(result)
+    recorder.record_wait("s", "t", 0.25)
     recorder.flush()
+    # A tool's fleet-wide limits: a slot and a start taken, renewed, given back
+    gate = RedisLimitGate(app.backend.client, recovery_s=2)  # type: ignore[attr-defined]
+    permit = gate.take("s|t", Limits(concurrency=1, rate="5/s"))
+    assert isinstance(permit, Permit)
+    assert isinstance(gate.take("s|t", Limits(concurrency=1)), float)
+    time.sleep(gate.renew_s * 2)  # a renewal or two, under the worker's user
+    permit.release()
     app.close()
     # The exporter reads what the worker counted
     exported = render(redis.Redis.from_url(acl_redis.service_url("metrics")))

@@ -38,6 +38,7 @@ from cleveragents.errors import (
     ToolExecutionError,
     ToolOutputTooLarge,
     ToolTimedOut,
+    TransientToolError,
 )
 from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
 from cleveragents.runtime.limits import max_output_bytes
@@ -58,6 +59,9 @@ __all__ = [
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 #: The variable that names a command tool's skill folder (set when it has one).
 SKILL_DIR_ENV = "CLEVERAGENTS_SKILL_DIR"
+#: The exit code of a transient failure (sysexits.h ``EX_TEMPFAIL``): retried under a
+#: ``retry`` policy (``cleveragents.pipeline.retries``).
+EX_TEMPFAIL = 75
 
 
 def _in_folder(word: str, folder: Path, *, program: bool) -> str:
@@ -167,6 +171,12 @@ def _check(
         raise ToolExecutionError(
             f"tool {tool.name!r} was killed from outside before it ended",
             details={"stderr_tail": tail},
+        )
+    if finished.exit_code == EX_TEMPFAIL:  # sysexits: "try again later"
+        raise TransientToolError(
+            f"tool {tool.name!r} exited with code {EX_TEMPFAIL} (EX_TEMPFAIL: a transient "
+            "failure)",
+            details={"exit_code": finished.exit_code, "stderr_tail": tail},
         )
     if finished.exit_code != 0:
         raise ToolExecutionError(

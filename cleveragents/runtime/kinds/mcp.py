@@ -222,14 +222,21 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
         raise ToolOutputTooLarge(tool.name, "output", exc.limit_bytes) from None
     except ServerUnavailable as exc:
         said = _said(str(exc), arguments, _EXCERPT_CHARS)
+        details = {"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)}
+        if server.url is not None:  # not reached over the network: it may be back soon
+            details["transient"] = True
         raise ToolActivationError(
             f"tool activation failed for {tool.name!r}: MCP server {server.describe()!r}: {said}",
-            details={"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)},
+            details=details,
         ) from None
     except ConnectionLost as exc:
         raise ToolExecutionError(
             f"MCP server {server.describe()!r} went away during the call of {remote!r}",
-            details={"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)},
+            details={
+                "remote_tool": remote,
+                "stderr_tail": _tail(exc.stderr_tail, arguments),
+                "transient": True,
+            },
         ) from None
     except MCPError as exc:
         said = _said(exc.message, arguments, _EXCERPT_CHARS)

@@ -1,0 +1,156 @@
+"""Fleet-wide limits a tool declares (``limits:``), through real workers.
+
+An invocation over its limit goes back to the broker to wait: no pool process waits
+for it, so other tools run at full speed beside it; a slot held by a worker killed
+with ``kill -9`` comes back within the recovery time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from cleveragents.client import SkillClient
+from cleveragents.metrics import render
+from cleveragents.pipeline.limits import FileLimitGate, Permit
+from cleveragents.skills.policies import Limits
+from tests.conftest import Broker
+from tests.support.procs import Worker, kill_group, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _runs(log: Path, key: str | None = None) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    return [row for row in rows if key is None or row["key"] == key]
+
+
+def test_one_at_a_time_never_runs_twice_at_once_and_other_tools_run_beside_it(
+    broker: Broker,
+    broker_client: SkillClient,
+    start_worker: Callable[..., Worker],
+    tmp_path: Path,
+) -> None:
+    start_worker(broker, concurrency=2)
+    limited_log, quick_log = tmp_path / "limited.jsonl", tmp_path / "quick.jsonl"
+    # Given 4 runs of a tool limited to one at a time, 1 s each
+    limited = [
+        broker_client.submit("test/limits", "test/one-at-a-time",
+                             {"log": str(limited_log), "key": f"l{n}", "seconds": 1})
+        for n in range(4)
+    ]  # fmt: skip
+    wait_until(lambda: broker_client.state(limited[0].request_id) == "STARTED", 30, "the first")
+    # When 10 quick reads of another tool are sent meanwhile
+    sent = time.monotonic()
+    quick = [
+        broker_client.submit("test/limits", "test/quick", {"log": str(quick_log), "key": f"q{n}"})
+        for n in range(10)
+    ]
+    # Then they finish within 3 s: no pool process waits for the limited tool
+    for handle in quick:
+        assert handle.result(timeout=30).success
+    assert time.monotonic() - sent < 3.0
+    for handle in limited:
+        assert handle.result(timeout=60).success
+    # And the limited tool never ran twice at once (measured by the tool itself)
+    spans = sorted((row["start"], row["end"]) for row in _runs(limited_log))
+    assert len(spans) == 4
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end - 0.01, spans
+    # And the metrics count the waits, by tool
+    store = redis.Redis.from_url(broker.backend)
+    series = 'cleveragents_limit_waits_total{skill="test/limits",tool="test/one-at-a-time"}'
+    wait_until(lambda: series in render(store), 30, "the waits to be counted")
+    assert "cleveragents_limit_wait_seconds_total" in render(store)
+    store.close()
+
+
+def test_a_rate_spreads_starts_across_two_workers(
+    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    start_worker(redis_url, concurrency=2)
+    start_worker(redis_url, concurrency=2)
+    log = tmp_path / "rated.jsonl"
+    began = time.time()
+    handles = [
+        client.submit("test/limits", "test/five-a-second", {"log": str(log), "key": f"r{n}"})
+        for n in range(30)
+    ]
+    for handle in handles:
+        assert handle.result(timeout=60).success
+    took = time.time() - began
+    starts = sorted(row["start"] for row in _runs(log))
+    assert len(starts) == 30
+    # No more than 5 starts in any 1 s window. The limit is kept on the permits (Redis'
+    # clock); the tool records its start once its pool process runs it, up to some tens
+    # of milliseconds later on a loaded machine: windows of 0.9 s, then.
+    for n, start in enumerate(starts):
+        assert sum(1 for s in starts[n:] if s < start + 0.9) <= 5, starts
+    # 30 at 5 a second: about 5 s after the first five; well within twice that
+    assert took < 12.0, took
+
+
+def test_a_slot_held_by_a_killed_worker_comes_back_within_the_recovery_time(
+    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    recovery = {"CLEVERAGENTS_RECOVERY_S": "4"}
+    first = start_worker(redis_url, **recovery)
+    log = tmp_path / "limited.jsonl"
+    # Given a worker running the one-at-a-time tool for long
+    long = client.submit("test/limits", "test/one-at-a-time",
+                         {"log": str(log), "key": "long", "seconds": 60})  # fmt: skip
+    wait_until(lambda: client.state(long.request_id) == "STARTED", 30, "the long run to start")
+    # When it is killed with kill -9, and another run of the tool is sent to another worker
+    assert first.proc is not None
+    kill_group(first.proc, signal.SIGKILL)
+    killed = time.time()
+    start_worker(redis_url, **recovery)
+    handle = client.submit("test/limits", "test/one-at-a-time", {"log": str(log), "key": "next"})
+    assert handle.result(timeout=60).success
+    # Then it started within the recovery time of the kill (plus the start-up of the worker)
+    [row] = _runs(log, "next")
+    assert row["start"] - killed < 4.0 + 3.0, row["start"] - killed
+
+
+def test_the_embedded_gate_holds_across_processes_and_forgets_a_dead_one(tmp_path: Path) -> None:
+    gate = FileLimitGate(tmp_path / "limits")
+    one = Limits(concurrency=1)
+    # A slot held by a process that is gone is free again
+    child = subprocess.run(
+        [sys.executable, "-c", (
+            "import sys; from pathlib import Path; "
+            "from cleveragents.pipeline.limits import FileLimitGate; "
+            "from cleveragents.skills.policies import Limits; "
+            "p = FileLimitGate(Path(sys.argv[1])).take('k', Limits(concurrency=1)); "
+            "print(type(p).__name__)"
+        ), str(tmp_path / "limits")],
+        capture_output=True, text=True, check=True, env={**os.environ},
+    )  # fmt: skip
+    assert child.stdout.strip() == "Permit"
+    held = gate.take("k", one)
+    assert isinstance(held, Permit)
+    # While this process holds it, another take waits
+    assert isinstance(gate.take("k", one), float)
+    held.release()
+    again = gate.take("k", one)
+    assert isinstance(again, Permit)
+    # A rate of 2 a second: the third start waits about the rest of the window
+    rate = Limits(rate="2/s")
+    assert isinstance(gate.take("r", rate), Permit)
+    assert isinstance(gate.take("r", rate), Permit)
+    wait = gate.take("r", rate)
+    assert isinstance(wait, float)
+    assert 0.5 < wait <= 1.0
