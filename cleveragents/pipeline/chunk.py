@@ -292,7 +292,7 @@ class _Slice:
             for permit in permits:
                 permit.release()
         if found is None or found[0].retry is None:
-            return result
+            return with_attempts(result, 1)
         delay = retry_delay_s(found[0], result, 1)
         if delay is None:
             return with_attempts(result, 1)

@@ -77,8 +77,11 @@ def retry_delay_s(tool: ToolSpec, result: SkillResult, attempt: int) -> float | 
 
 
 def with_attempts(result: SkillResult, attempt: int) -> SkillResult:
-    """``result``, a failure saying how many attempts ran (a success as it is)."""
+    """``result``, a failure saying how many attempts ran (a success as it is, and a
+    failure that says already: a poison message counts its deliveries there)."""
     if result.success or result.error is None:
+        return result
+    if ATTEMPTS in result.error.details:  # a poison message's: the deliveries it had
         return result
     error = result.error.model_copy(update={"details": {**result.error.details, ATTEMPTS: attempt}})
     return result.model_copy(update={"error": error})

@@ -79,11 +79,12 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         for permit in permits:
             permit.release()
     tool = found[0] if found is not None else None
+    attempt = attempt_of(self)
     if tool is not None and tool.retry is not None:
-        attempt = attempt_of(self)
         delay = retry_delay_s(tool, result, attempt)
         if delay is not None:  # back to the broker: no process waits for it
             _retry_later(self, pipeline, result, attempt, delay)
+    if not _cancelled(result):
         result = with_attempts(result, attempt)
     pipeline.observe(task_id, result)
     payload = result_payload(result, task_id)
@@ -127,6 +128,10 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
     if reason == REASON_REUSED:
         pipeline.observe(task_id, answer)
     raise Ignore()
+
+
+def _cancelled(result: SkillResult) -> bool:
+    return result.error is not None and result.error.details.get("reason") == REASON_CANCELLED
 
 
 def _retry_later(

@@ -172,3 +172,13 @@ def test_an_unreachable_mcp_server_is_a_transient_failure(
     assert result.error is not None
     assert result.error.details["transient"] is True
     assert result.error.details["attempts"] == 2
+
+
+def test_every_failure_says_how_many_attempts_ran(
+    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(redis_url)
+    # A tool without a retry policy: its one attempt
+    result = client.submit("test/basic", "test/crash", {}).result(timeout=60)
+    assert result.error is not None
+    assert result.error.details["attempts"] == 1
