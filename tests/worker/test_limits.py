@@ -94,12 +94,12 @@ def test_a_rate_spreads_starts_across_two_workers(
     took = time.time() - began
     starts = sorted(row["start"] for row in _runs(log))
     assert len(starts) == 30
-    # No more than 5 starts in any 1 s window. The limit is kept on the permits (Redis'
-    # clock); the tool records its start once its pool process runs it, up to some tens
-    # of milliseconds later on a loaded machine: windows of 0.9 s, then.
+    # No more than 5 starts in any 1 s window, on the tools' own clocks (a start counts
+    # for its window and a margin: the tool starts a little after its permit)
     for n, start in enumerate(starts):
-        assert sum(1 for s in starts[n:] if s < start + 0.9) <= 5, starts
-    # 30 at 5 a second: about 5 s after the first five; well within twice that
+        assert sum(1 for s in starts[n:] if s < start + 1.0) <= 5, starts
+    # 30 at 5 a second: the last five start after about 5.5 s (the margin); well within
+    # twice the ideal 6 s (a benchmark, not this test, holds the 1.2x)
     assert took < 12.0, took
 
 
@@ -153,4 +153,4 @@ def test_the_embedded_gate_holds_across_processes_and_forgets_a_dead_one(tmp_pat
     assert isinstance(gate.take("r", rate), Permit)
     wait = gate.take("r", rate)
     assert isinstance(wait, float)
-    assert 0.5 < wait <= 1.0
+    assert 0.5 < wait <= 1.1  # the rest of the window and its margin
