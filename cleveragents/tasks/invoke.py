@@ -104,7 +104,9 @@ def _permits(
         return []
     taken = pipeline.take_limits(body, found)
     if isinstance(taken, float):
-        resend(task, min(taken, MAX_LIMIT_WAIT_S), retry=False)
+        wait = min(taken, MAX_LIMIT_WAIT_S)
+        why = f"waiting for the limits of {found[0].name}: asks again in {wait:.1f} s"
+        resend(task, wait, retry=False, why=why)
         raise Ignore()
     return taken
 
@@ -140,9 +142,9 @@ def _retry_later(
     """Send the next attempt back to the broker with ``delay``; this one stores RETRY."""
     task_id = task.request.id or ""
     pipeline.observe(task_id, retried(result, attempt))
-    resend(task, delay, retry=True)
     error = result.error
     said = f" ({error.error_type.value})" if error is not None else ""
-    waiting = Retry(f"attempt {attempt} failed{said}; attempt {attempt + 1} in {delay:.1f} s")
-    task.backend.store_result(task_id, waiting, states.RETRY, request=task.request)
+    why = f"attempt {attempt} failed{said}; attempt {attempt + 1} in {delay:.1f} s"
+    resend(task, delay, retry=True, why=why)
+    task.backend.store_result(task_id, Retry(why), states.RETRY, request=task.request)
     raise Ignore()

@@ -15,12 +15,15 @@ for a tool whose policy allows that long a wait (``worker/admission.py``).
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from celery import Task
 
 from cleveragents.messages import redacted_repr
 from cleveragents.skills.model import ToolSpec
+from cleveragents.tasks.events import EVENTS_FIELD
 
 __all__ = [
     "MAX_LIMIT_WAIT_S",
@@ -32,11 +35,16 @@ __all__ = [
     "waits_of",
 ]
 
+log = logging.getLogger("cleveragents.worker")
+
 #: Header counting how many times a message was sent back to wait for a limit.
 WAITS_HEADER = "cleveragents_waits"
 #: Longest one wait for a limit: the message comes back and asks again (a broker such
 #: as RabbitMQ ends a consumer that holds a message past its timeout, 30 min by default).
 MAX_LIMIT_WAIT_S = 60.0
+#: How long after sending a message back Flower is told that it waits: after the
+#: worker's buffered events of the delivery (``worker/consumer.py``, 50 ms).
+EVENT_AFTER_S = 0.25
 #: Most attempts a ``retries`` header may claim to have run.
 _MOST_RETRIES = 100
 
@@ -64,9 +72,14 @@ def resent_key(task: Task[Any, Any]) -> str:
     return f"r{retries}w{waits}" if retries or waits else ""
 
 
-def resend(task: Task[Any, Any], delay_s: float, *, retry: bool) -> None:
+def resend(task: Task[Any, Any], delay_s: float, *, retry: bool, why: str = "") -> None:
     """Send this task's message back with ``delay_s`` of delay: the next attempt
-    (``retry``) or the same one, after a wait for a limit."""
+    (``retry``) or the same one, after a wait for a limit.
+
+    Flower is told with a ``task-retried`` event saying ``why``: it then shows the
+    invocation as retried and, once the message is back, as received with its ETA,
+    not as running (the pool process had started it).
+    """
     request = task.request
     delivery = request.delivery_info or {}
     queue = delivery.get("routing_key") or None
@@ -84,6 +97,22 @@ def resend(task: Task[Any, Any], delay_s: float, *, retry: bool) -> None:
     if queue:
         options["queue"] = queue
     task.apply_async(tuple(request.args or ()), dict(request.kwargs or {}), **options)
+    if why and getattr(request, EVENTS_FIELD, None) is True:
+        # Sent once the worker's own buffered events of this delivery (its start, and
+        # the message coming back with its ETA) have gone out: Celery's event state
+        # keeps the last of them, which is then this one.
+        told = (task.app, request.hostname, request.id, why)
+        timer = threading.Timer(EVENT_AFTER_S, _say_waiting, told)
+        timer.daemon = True
+        timer.start()
+
+
+def _say_waiting(app: Any, hostname: str, task_id: str, why: str) -> None:
+    try:
+        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+            dispatcher.send("task-retried", uuid=task_id, exception=why, traceback=None)
+    except Exception as exc:  # the message went back: only Flower's row is late
+        log.warning("could not tell Flower that %s waits: %s", task_id, exc)
 
 
 def _shown(args: Any) -> str:

@@ -7,12 +7,14 @@ with ``kill -9`` comes back within the recovery time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -154,3 +156,43 @@ def test_the_embedded_gate_holds_across_processes_and_forgets_a_dead_one(tmp_pat
     wait = gate.take("r", rate)
     assert isinstance(wait, float)
     assert 0.5 < wait <= 1.1  # the rest of the window and its margin
+
+
+def test_flower_is_told_that_an_invocation_waits_for_its_limits(
+    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    start_worker(redis_url)
+    app = client.app
+    state = app.events.State()
+    told: list[str] = []
+    receivers: list[Any] = []
+
+    def watch() -> None:
+        def on_event(event: dict[str, Any]) -> None:
+            state.event(event)
+            if event["type"] == "task-retried":
+                told.append(str(event.get("exception")))
+
+        with app.connection() as conn:
+            receiver = app.events.Receiver(conn, handlers={"*": on_event})
+            receivers.append(receiver)
+            with contextlib.suppress(TimeoutError, OSError):
+                receiver.capture(limit=None, timeout=1, wakeup=False)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    log = tmp_path / "limited.jsonl"
+    handles = [
+        client.submit("test/limits", "test/one-at-a-time",
+                      {"log": str(log), "key": f"f{n}", "seconds": 2})
+        for n in range(2)
+    ]  # fmt: skip
+    wait_until(lambda: bool(told), 30, "a task-retried event")
+    assert "waiting for the limits of test/one-at-a-time" in told[0]
+    waiting = [h for h in handles if state.tasks.get(h.request_id) is not None]
+    assert any(state.tasks[h.request_id].state == "RETRY" for h in waiting)
+    for handle in handles:
+        assert handle.result(timeout=60).success
+    receivers[0].should_stop = True
+    watcher.join(10)
+    assert not watcher.is_alive()
