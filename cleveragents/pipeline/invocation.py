@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cleveragents.errors import CleverAgentsError
 from cleveragents.pipeline.binding import cancelled_result, content_digest, reused_result
 from cleveragents.pipeline.guard import Guard
 from cleveragents.pipeline.limits import LimitGate, Permit, limit_key
@@ -79,14 +78,7 @@ class Pipeline:
         no such tool; the run says why)."""
         if not isinstance(body, dict):
             return None
-        skill, tool = body.get("skill"), body.get("tool")
-        if not isinstance(skill, str) or not isinstance(tool, str):
-            return None
-        try:
-            _, entry = self.catalogue.find_tool(skill, tool)
-        except CleverAgentsError:
-            return None
-        return entry.tool, self.catalogue.skill_limits(entry.source_skill)
+        return self.catalogue.policies(body.get("skill"), body.get("tool"))
 
     def take_limits(
         self, body: Any, found: tuple[ToolSpec, Limits | None]

@@ -6,8 +6,10 @@ import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cleveragents.errors import (
+    CleverAgentsError,
     ResolutionFailure,
     SkillErrorType,
     SkillNotFoundError,
@@ -250,6 +252,17 @@ class Catalogue:
                 details["did_you_mean"] = guess
             raise ResolutionFailure(message, details=details)
         return definition, entry
+
+    def policies(self, skill: Any, tool: Any) -> tuple[ToolSpec, Limits | None] | None:
+        """The tool a request names (any values, as a producer sent them) with its skill's
+        limits; None when there is no such tool (its run says why)."""
+        if not isinstance(skill, str) or not isinstance(tool, str):
+            return None
+        try:
+            _, entry = self.find_tool(skill, tool)
+        except CleverAgentsError:
+            return None
+        return entry.tool, self.skill_limits(entry.source_skill)
 
     def own_tools(self, name: str) -> list[ToolSpec]:
         """The tools skill ``name`` defines itself (not those it includes)."""

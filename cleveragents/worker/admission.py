@@ -28,7 +28,6 @@ from cleveragents.broker.signing import (
     signed_body_content_type,
 )
 from cleveragents.constants import MAX_MESSAGE_BYTES, TASK_INVOKE, TASK_INVOKE_CHUNK
-from cleveragents.errors import CleverAgentsError
 from cleveragents.runtime.text import lone_surrogate
 from cleveragents.skills import Catalogue
 from cleveragents.tasks.resend import WAITS_HEADER, eta_allowed_s
@@ -176,18 +175,18 @@ def _kept_eta(headers: dict[str, Any], body: Any, catalogue: Catalogue) -> str |
         return None
     args = body[0] if isinstance(body, list | tuple) and body else None
     request = args[0] if isinstance(args, list | tuple) and len(args) == 1 else None
-    if not isinstance(request, dict):
-        return None
-    skill, tool = request.get("skill"), request.get("tool")
-    if not isinstance(skill, str) or not isinstance(tool, str):
+    found = (
+        catalogue.policies(request.get("skill"), request.get("tool"))
+        if isinstance(request, dict)
+        else None
+    )
+    if found is None:
         return None
     try:
-        _, entry = catalogue.find_tool(skill, tool)
         when = datetime.fromisoformat(raw)
-    except (CleverAgentsError, ValueError):
+    except ValueError:
         return None
-    longest = eta_allowed_s(entry.tool, catalogue.skill_limits(entry.source_skill) is not None,
-                            headers)
+    longest = eta_allowed_s(found[0], found[1] is not None, headers)
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     if longest <= 0 or when > datetime.now(UTC) + timedelta(seconds=longest + _ETA_SLACK_S):
