@@ -81,10 +81,14 @@ def test_one_at_a_time_never_runs_twice_at_once_and_other_tools_run_beside_it(
 
 
 def test_a_rate_spreads_starts_across_two_workers(
-    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
+    broker: Broker,
+    broker_client: SkillClient,
+    start_worker: Callable[..., Worker],
+    tmp_path: Path,
 ) -> None:
-    start_worker(redis_url, concurrency=2)
-    start_worker(redis_url, concurrency=2)
+    client = broker_client
+    start_worker(broker, concurrency=2)
+    start_worker(broker, concurrency=2)
     log = tmp_path / "rated.jsonl"
     began = time.time()
     handles = [
@@ -106,20 +110,26 @@ def test_a_rate_spreads_starts_across_two_workers(
 
 
 def test_a_slot_held_by_a_killed_worker_comes_back_within_the_recovery_time(
-    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
+    broker: Broker,
+    broker_client: SkillClient,
+    start_worker: Callable[..., Worker],
+    tmp_path: Path,
 ) -> None:
+    client = broker_client
     recovery = {"CLEVERAGENTS_RECOVERY_S": "4"}
-    first = start_worker(redis_url, **recovery)
+    first = start_worker(broker, **recovery)
     log = tmp_path / "limited.jsonl"
     # Given a worker running the one-at-a-time tool for long
+    # (its message is handed to the next worker too, where it ends at once: ``once``)
+    once = str(tmp_path / "slept")
     long = client.submit("test/limits", "test/one-at-a-time",
-                         {"log": str(log), "key": "long", "seconds": 60})  # fmt: skip
+                         {"log": str(log), "key": "long", "seconds": 60, "once": once})  # fmt: skip
     wait_until(lambda: client.state(long.request_id) == "STARTED", 30, "the long run to start")
     # When it is killed with kill -9, and another run of the tool is sent to another worker
     assert first.proc is not None
     kill_group(first.proc, signal.SIGKILL)
     killed = time.time()
-    start_worker(redis_url, **recovery)
+    start_worker(broker, **recovery)
     handle = client.submit("test/limits", "test/one-at-a-time", {"log": str(log), "key": "next"})
     assert handle.result(timeout=60).success
     # Then it started within the recovery time of the kill (plus the start-up of the worker)

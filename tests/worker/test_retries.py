@@ -107,10 +107,14 @@ def test_a_command_tool_exiting_75_is_retried(
 
 
 def test_a_worker_killed_during_the_delay_loses_nothing(
-    redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
+    broker: Broker,
+    broker_client: SkillClient,
+    start_worker: Callable[..., Worker],
+    tmp_path: Path,
 ) -> None:
+    client = broker_client
     # Given a worker holding a retry that waits its delay (1 s)
-    first = start_worker(redis_url, CLEVERAGENTS_RECOVERY_S="4")
+    first = start_worker(broker, CLEVERAGENTS_RECOVERY_S="4")
     log = tmp_path / "runs.jsonl"
     handle = client.submit("test/retries", "test/flaky-3", {"log": str(log), "key": "k",
                                                            "fail_times": 1})  # fmt: skip
@@ -119,7 +123,7 @@ def test_a_worker_killed_during_the_delay_loses_nothing(
     assert first.proc is not None
     kill_group(first.proc, signal.SIGKILL)
     # Then another worker runs the retry
-    start_worker(redis_url, CLEVERAGENTS_RECOVERY_S="4")
+    start_worker(broker, CLEVERAGENTS_RECOVERY_S="4")
     result = handle.result(timeout=60)
     assert result.success, result.error
     # (A kill between sending the retry and acknowledging the first attempt's message
