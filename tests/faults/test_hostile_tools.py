@@ -302,7 +302,7 @@ def test_a_python_tool_that_forks_leaves_no_second_pool_process(
     assert result.success, result.error
     assert result.output_data["pid"] == result.output_data["parent"]
     assert result.output_data["pid"] in before
-    wait_until(pid_file.exists, 10, "the copy's pid")
+    wait_until(lambda: _written(pid_file), 10, "the copy's pid")
     copy = int(pid_file.read_text())
     wait_until(lambda: not process_alive(copy), 5, "the copy to be gone")
     # And the worker goes on with its own two pool processes, and every result is right
@@ -331,3 +331,8 @@ def test_a_python_tool_that_changes_folder_does_not_move_the_next_ones(
     assert after.success, after.error
     assert after.output_data["pid"] == home.output_data["pid"]
     assert after.output_data["cwd"] == home.output_data["cwd"]
+
+
+def _written(path: Path) -> bool:
+    """Whether ``path`` holds its line yet (a file is created before it is written)."""
+    return path.exists() and bool(path.read_text(encoding="utf-8").strip())

@@ -243,7 +243,7 @@ def test_a_worker_that_shuts_down_stops_the_stdio_servers_of_its_processes(
     worker.proc.wait(30)
 
     # Then its pool process closed the session: the server's whole group was stopped.
-    wait_until(pid_file.exists, 10, "the server's shell to outlive the server")
+    wait_until(lambda: _written(pid_file), 10, "the server's shell to outlive the server")
     shell = int(pid_file.read_text())
     try:
         wait_until(lambda: not _running(shell), 10, "the lingering shell to be stopped")
@@ -258,3 +258,8 @@ def _running(pid: int) -> bool:
         return stat.read_text().split(") ", 1)[1][0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def _written(path: Path) -> bool:
+    """Whether ``path`` holds its line yet (a file is created before it is written)."""
+    return path.exists() and bool(path.read_text(encoding="utf-8").strip())

@@ -152,7 +152,7 @@ def test_the_tools_tree_dies_with_the_process_that_ran_it(shared_dir: Path) -> N
     )
     runner = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, start_new_session=True)
     try:
-        wait_until(pid_file.exists, 30, "the grandchild to start")
+        wait_until(lambda: _written(pid_file), 30, "the grandchild to start")
         grandchild = int(pid_file.read_text())
         # When that process is killed outright (as the hard time limit ends a pool process)
         runner.kill()
@@ -380,3 +380,8 @@ def test_make_undumpable_reports_what_it_did() -> None:
     before, after, note = json.loads(done.stdout)
     assert (before, after) == (True, False)
     assert "non-dumpable" in note
+
+
+def _written(path: Path) -> bool:
+    """Whether ``path`` holds its line yet (a file is created before it is written)."""
+    return path.exists() and bool(path.read_text(encoding="utf-8").strip())
