@@ -210,47 +210,65 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
     _missing_header_variables(tool, server)
     try:
         result = sessions().call(server, remote, arguments, timeout_s, max_output_bytes())
-        if result.is_error:
-            text = _said(_remote_text(result), arguments, _EXCERPT_CHARS)
-            raise ToolExecutionError(
-                f"MCP tool {remote!r} answered with an error: {text}",
-                details={"remote_tool": remote, "remote_error": text},
-            )
-    except CallTimedOut:
-        raise ToolTimedOut(tool.name, timeout_s, details={"remote_tool": remote}) from None
-    except AnswerTooLarge as exc:
-        raise ToolOutputTooLarge(tool.name, "output", exc.limit_bytes) from None
-    except ServerUnavailable as exc:
+    except _CALL_FAILURES as exc:
+        raise _failure(exc, tool, server, arguments, timeout_s) from None
+    if result.is_error:
+        text = _said(_remote_text(result), arguments, _EXCERPT_CHARS)
+        raise ToolExecutionError(
+            f"MCP tool {remote!r} answered with an error: {text}",
+            details={"remote_tool": remote, "remote_error": text},
+        )
+    return output_of(tool, result)
+
+
+#: What a call can fail with, each turned into the library's error by ``_failure``;
+#: ``RuntimeError`` and ``ValidationError``: the SDK's checks of the server's answer.
+_CALL_FAILURES = (
+    CallTimedOut,
+    AnswerTooLarge,
+    ServerUnavailable,
+    ConnectionLost,
+    MCPError,
+    RuntimeError,
+    ValidationError,
+)
+
+
+def _failure(
+    exc: Exception, tool: ToolSpec, server: ServerSpec, arguments: dict[str, Any], timeout_s: float
+) -> Exception:
+    """The library's error for a failed call: its kind, and texts with arguments blanked."""
+    remote = tool.options["remote_tool"]
+    if isinstance(exc, CallTimedOut):
+        return ToolTimedOut(tool.name, timeout_s, details={"remote_tool": remote})
+    if isinstance(exc, AnswerTooLarge):
+        return ToolOutputTooLarge(tool.name, "output", exc.limit_bytes)
+    if isinstance(exc, ServerUnavailable):
         said = _said(str(exc), arguments, _EXCERPT_CHARS)
         details = {"remote_tool": remote, "stderr_tail": _tail(exc.stderr_tail, arguments)}
         if server.url is not None:  # not reached over the network: it may be back soon
             details["transient"] = True
-        raise ToolActivationError(
+        return ToolActivationError(
             f"tool activation failed for {tool.name!r}: MCP server {server.describe()!r}: {said}",
             details=details,
-        ) from None
-    except ConnectionLost as exc:
-        raise ToolExecutionError(
+        )
+    if isinstance(exc, ConnectionLost):
+        tail = _tail(exc.stderr_tail, arguments)
+        return ToolExecutionError(
             f"MCP server {server.describe()!r} went away during the call of {remote!r}",
-            details={
-                "remote_tool": remote,
-                "stderr_tail": _tail(exc.stderr_tail, arguments),
-                "transient": True,
-            },
-        ) from None
-    except MCPError as exc:
+            details={"remote_tool": remote, "stderr_tail": tail, "transient": True},
+        )
+    if isinstance(exc, MCPError):
         said = _said(exc.message, arguments, _EXCERPT_CHARS)
-        raise ToolExecutionError(
+        return ToolExecutionError(
             f"MCP server {server.describe()!r} refused the call of {remote!r}: {said}",
             details={"remote_tool": remote, "mcp_error_code": exc.code},
-        ) from None
-    except (RuntimeError, ValidationError) as exc:  # the SDK's checks of the server's answer
-        said = _said(str(exc), arguments, _EXCERPT_CHARS)
-        raise ToolExecutionError(
-            f"MCP tool {remote!r} gave an answer that is not valid: {said}",
-            details={"remote_tool": remote, "exception_type": type(exc).__name__},
-        ) from None
-    return output_of(tool, result)
+        )
+    said = _said(str(exc), arguments, _EXCERPT_CHARS)
+    return ToolExecutionError(
+        f"MCP tool {remote!r} gave an answer that is not valid: {said}",
+        details={"remote_tool": remote, "exception_type": type(exc).__name__},
+    )
 
 
 class McpKind:
