@@ -279,8 +279,8 @@ class _Slice:
         for its tool's limits or for its retry (a chunk never waits on one line)."""
         found = self.pipeline.policy_tool(body) if self.defer is not None else None
         permits: list[Permit] = []
-        if found is not None and (found[0].limits or found[1]):
-            taken = self.pipeline.take_limits(body, found)
+        if found is not None and found.limited:
+            taken = self.pipeline.take_limits(found)
             if isinstance(taken, float):
                 assert self.defer is not None
                 self.defer(body, rid, taken, False)
@@ -291,9 +291,9 @@ class _Slice:
         finally:
             for permit in permits:
                 permit.release()
-        if found is None or found[0].retry is None:
+        if found is None or found.tool.retry is None:
             return with_attempts(result, 1)
-        delay = retry_delay_s(found[0], result, 1)
+        delay = retry_delay_s(found.tool, result, 1)
         if delay is None:
             return with_attempts(result, 1)
         assert self.defer is not None

@@ -13,8 +13,7 @@ from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
 from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite
 from cleveragents.skills import Catalogue, SkillResult
-from cleveragents.skills.model import ToolSpec
-from cleveragents.skills.policies import Limits
+from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import ResultStore, StartedMark, Stores
 
 __all__ = ["Observer", "Pipeline", "execute"]
@@ -73,24 +72,24 @@ class Pipeline:
             on_wait=on_wait,
         )
 
-    def policy_tool(self, body: Any) -> tuple[ToolSpec, Limits | None] | None:
-        """The catalogue tool ``body`` asks for, with its skill's limits (None: there is
-        no such tool; the run says why)."""
+    def policy_tool(self, body: Any) -> ToolPolicies | None:
+        """The policies of the catalogue tool ``body`` asks for (None: there is no such
+        tool; the run says why)."""
         if not isinstance(body, dict):
             return None
         return self.catalogue.policies(body.get("skill"), body.get("tool"))
 
-    def take_limits(
-        self, body: Any, found: tuple[ToolSpec, Limits | None]
-    ) -> float | list[Permit]:
+    def take_limits(self, found: ToolPolicies) -> float | list[Permit]:
         """Places under the tool's limits and its skill's: permits, or the seconds to
         wait before asking again (nothing held)."""
-        tool, skill_limits = found
+        tool = found.tool
         taken: list[Permit] = []
         if self.limit_gate is None:
             return taken
-        wanted = [(limit_key(str(body["skill"]), None), skill_limits),
-                  (limit_key(str(body["skill"]), tool.name), tool.limits)]  # fmt: skip
+        wanted = [
+            (limit_key(found.skill, None), found.skill_limits),
+            (limit_key(found.skill, tool.name), tool.limits),
+        ]
         for key, limits in wanted:
             if not limits:
                 continue
@@ -98,7 +97,7 @@ class Pipeline:
             if isinstance(outcome, float):
                 for permit in taken:
                     permit.release()
-                self.on_wait(str(body["skill"]), tool.name, outcome)
+                self.on_wait(found.skill, tool.name, outcome)
                 return outcome
             taken.append(outcome)
         return taken

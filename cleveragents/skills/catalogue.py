@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cleveragents.errors import (
     CleverAgentsError,
@@ -21,7 +21,7 @@ from cleveragents.skills.policies import Limits
 from cleveragents.skills.protocol import SkillDefinition, SkillMetadata
 from cleveragents.skills.resolver import resolve_skill
 
-__all__ = ["Catalogue", "CatalogueProblem"]
+__all__ = ["Catalogue", "CatalogueProblem", "ToolPolicies"]
 
 #: How alike a name must be to one in the catalogue to be named as the one meant.
 _ALIKE = 0.8
@@ -41,6 +41,23 @@ def _meant(given: str, names: Iterable[str]) -> str | None:
         return same[0]
     close = difflib.get_close_matches(given, known, n=1, cutoff=_ALIKE)
     return close[0] if close else None
+
+
+class ToolPolicies(NamedTuple):
+    """A tool's retry and limits, with the skill that defines it and that skill's limits.
+
+    Limits are kept per defining skill (``skill``), whichever skill a request names:
+    a tool a second skill includes shares its limits with the first.
+    """
+
+    tool: ToolSpec
+    skill: str
+    skill_limits: Limits | None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit applies: the tool's own, or its skill's."""
+        return bool(self.tool.limits or self.skill_limits)
 
 
 @dataclass(frozen=True)
@@ -253,16 +270,17 @@ class Catalogue:
             raise ResolutionFailure(message, details=details)
         return definition, entry
 
-    def policies(self, skill: Any, tool: Any) -> tuple[ToolSpec, Limits | None] | None:
-        """The tool a request names (any values, as a producer sent them) with its skill's
-        limits; None when there is no such tool (its run says why)."""
+    def policies(self, skill: Any, tool: Any) -> ToolPolicies | None:
+        """The policies of the tool a request names (any values, as a producer sent
+        them); None when there is no such tool (its run says why)."""
         if not isinstance(skill, str) or not isinstance(tool, str):
             return None
         try:
             _, entry = self.find_tool(skill, tool)
         except CleverAgentsError:
             return None
-        return entry.tool, self.skill_limits(entry.source_skill)
+        source = entry.source_skill
+        return ToolPolicies(entry.tool, source, self.skill_limits(source))
 
     def own_tools(self, name: str) -> list[ToolSpec]:
         """The tools skill ``name`` defines itself (not those it includes)."""

@@ -17,7 +17,7 @@ from cleveragents.pipeline.binding import REASON_CANCELLED, REASON_REUSED
 from cleveragents.pipeline.limits import Permit
 from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.skills import SkillResult
-from cleveragents.skills.model import ToolSpec
+from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
 from cleveragents.worker import state
@@ -72,13 +72,13 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     body = _request_from_args(args, kwargs, task_id)
     pipeline = state.pipeline(self.app.backend)
     found = pipeline.policy_tool(body) if task_id else None
-    permits = _permits(self, pipeline, body, found)
+    permits = _permits(self, pipeline, found)
     try:
         result = _run(self, pipeline, body, task_id)
     finally:
         for permit in permits:
             permit.release()
-    tool = found[0] if found is not None else None
+    tool = found.tool if found is not None else None
     attempt = attempt_of(self)
     if tool is not None and tool.retry is not None:
         delay = retry_delay_s(tool, result, attempt)
@@ -95,17 +95,15 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     return payload
 
 
-def _permits(
-    task: Task[Any, Any], pipeline: Pipeline, body: Any, found: tuple[ToolSpec, Any] | None
-) -> list[Permit]:
+def _permits(task: Task[Any, Any], pipeline: Pipeline, found: ToolPolicies | None) -> list[Permit]:
     """Places under the tool's fleet-wide limits; over them, the message goes back to the
     broker to wait (the pool process takes the next one) and nothing else happens."""
-    if found is None or not (found[0].limits or found[1]):
+    if found is None or not found.limited:
         return []
-    taken = pipeline.take_limits(body, found)
+    taken = pipeline.take_limits(found)
     if isinstance(taken, float):
         wait = min(taken, MAX_LIMIT_WAIT_S)
-        why = f"waiting for the limits of {found[0].name}: asks again in {wait:.1f} s"
+        why = f"waiting for the limits of {found.tool.name}: asks again in {wait:.1f} s"
         resend(task, wait, retry=False, why=why)
         raise Ignore()
     return taken

@@ -186,7 +186,7 @@ def _kept_eta(headers: dict[str, Any], body: Any, catalogue: Catalogue) -> str |
         when = datetime.fromisoformat(raw)
     except ValueError:
         return None
-    longest = eta_allowed_s(found[0], found[1] is not None, headers)
+    longest = eta_allowed_s(found.tool, found.skill_limits is not None, headers)
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     if longest <= 0 or when > datetime.now(UTC) + timedelta(seconds=longest + _ETA_SLACK_S):

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from cleveragents.pipeline import Pipeline
+from cleveragents.pipeline.limits import FileLimitGate, Permit
 from cleveragents.skills import Catalogue
 from cleveragents.skills.policies import Limits, RetryPolicy
+from cleveragents.stores import Stores
 
 TOOL = """\
 name: test/p
@@ -81,3 +84,34 @@ def test_skills_check_warns_of_a_retry_that_never_applies(tmp_path: Path) -> Non
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert json.loads(done.stdout)["warnings"] == []
+
+
+def test_a_tool_reached_through_another_skill_shares_its_limits(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        "skills:\n"
+        "  - name: test/own\n"
+        "    limits: {concurrency: 5}\n"
+        "    tools:\n"
+        "      - {name: test/t, source: python, entrypoint: 'json:dumps',"
+        " limits: {concurrency: 1}}\n"
+        "  - name: test/other\n"
+        "    includes: [test/own]\n",
+        encoding="utf-8",
+    )
+    catalogue = Catalogue.from_paths(path)
+    pipeline = Pipeline.over(
+        catalogue, Stores.in_memory(), limit_gate=FileLimitGate(tmp_path / "limits")
+    )
+    via_other = pipeline.policy_tool({"skill": "test/other", "tool": "test/t"})
+    via_own = pipeline.policy_tool({"skill": "test/own", "tool": "test/t"})
+    assert via_other is not None
+    assert via_own is not None
+    # Kept under the skill that defines the tool, with that skill's limits too
+    assert (via_other.skill, via_other.skill_limits) == ("test/own", Limits(concurrency=5))
+    held = pipeline.take_limits(via_other)
+    assert isinstance(held, list)
+    assert all(isinstance(p, Permit) for p in held)
+    assert isinstance(pipeline.take_limits(via_own), float)
+    for permit in held:
+        permit.release()
