@@ -11,7 +11,15 @@ from typing import Any, Protocol
 
 from cleveragents.batch.gather import Entry, OrderedGather
 from cleveragents.batch.runner import BatchRunner, invalid_payload, reused_payload
-from cleveragents.batch.seal import BatchIdTaken, LedgerChanged, Seal, SealedIds, problem, sealed
+from cleveragents.batch.seal import (
+    BatchIdTaken,
+    LedgerChanged,
+    Seal,
+    SealedIds,
+    problem,
+    sealed,
+    wrong_length,
+)
 from cleveragents.batch.source import BatchItem
 from cleveragents.errors import SchemaValidationError
 from cleveragents.messages import ChunkContext
@@ -277,18 +285,25 @@ def batch_status(client: BatchProducer, batch_id: str) -> BatchStatus | None:
         return None
     status = BatchStatus(batch_id, str(meta.get("source", "")), int(meta.get("total") or 0))
     seal = _seal(client, batch_id)
-    status.tampered = _problem(client, batch_id, seal)
     if seal is not None:
         status.total = seal.count
-    if status.tampered is not None:  # which of its ids are the batch's own is unknown
-        return status
+        status.tampered = wrong_length(client.ledger.length(batch_id), seal)
+        if status.tampered is not None:
+            return status
+    read = SealedIds()  # the ids are checked against the seal as they are counted
     page: list[str] = []
     for rid in sealed(client.ledger.ids(batch_id), seal):
         page.append(rid)
         if len(page) >= 2000:
+            read.add(page)
             _count_page(status, client, batch_id, page)
             page = []
+    read.add(page)
     _count_page(status, client, batch_id, page)
+    if seal is not None and read.seal() != seal:  # which ids are the batch's own is unknown
+        return BatchStatus(
+            batch_id, status.source, seal.count, tampered="its ids differ from those sealed"
+        )
     return status
 
 

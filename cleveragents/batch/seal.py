@@ -21,7 +21,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-__all__ = ["BatchIdTaken", "LedgerChanged", "Seal", "SealedIds", "problem", "sealed"]
+__all__ = [
+    "BatchIdTaken",
+    "LedgerChanged",
+    "Seal",
+    "SealedIds",
+    "problem",
+    "sealed",
+    "wrong_length",
+]
 
 
 class BatchIdTaken(Exception):
@@ -77,11 +85,17 @@ def problem(ids: Iterator[str], length: int, seal: Seal | None) -> str | None:
     no seal to check against). No id past the seal's count is read."""
     if seal is None:
         return None
-    if length != seal.count:
-        return f"{length} ids where {seal.count} were sealed"
+    wrong = wrong_length(length, seal)
+    if wrong is not None:
+        return wrong
     running = SealedIds()
     running.add(islice(ids, seal.count))
     return None if running.seal() == seal else "its ids differ from those sealed"
+
+
+def wrong_length(length: int, seal: Seal) -> str | None:
+    """What is wrong with a ledger of ``length`` ids under ``seal`` that needs no id read."""
+    return None if length == seal.count else f"{length} ids where {seal.count} were sealed"
 
 
 def sealed(ids: Iterator[str], seal: Seal | None) -> Iterator[str]:

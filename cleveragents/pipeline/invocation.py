@@ -167,9 +167,7 @@ class Pipeline:
             return delivery.settled or delivery.finish(self.run(body, delivery.claim))
 
 
-def execute(
-    pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool, resent: str = ""
-) -> SkillResult:
+def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool) -> SkillResult:
     """Run one delivered invocation; every outcome is a ``SkillResult``.
 
     ``request_id`` is the message's task id: the guard counts and claims under it.
@@ -177,7 +175,7 @@ def execute(
     store its result under anyway.
     """
     if request_id:
-        result = pipeline.run_guarded(body, request_id, redelivered=redelivered, resent=resent)
+        result = pipeline.run_guarded(body, request_id, redelivered=redelivered)
     else:
         result = pipeline.run(body)
     pipeline.observe(request_id, result)
