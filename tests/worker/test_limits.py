@@ -124,7 +124,10 @@ def test_a_slot_held_by_a_killed_worker_comes_back_within_the_recovery_time(
     once = str(tmp_path / "slept")
     long = client.submit("test/limits", "test/one-at-a-time",
                          {"log": str(log), "key": "long", "seconds": 60, "once": once})  # fmt: skip
+    # (STARTED is stored when the id is bound, before the tool runs: a kill in between
+    # would leave ``once`` for the next worker's run, which would then sleep the 60 s)
     wait_until(lambda: client.state(long.request_id) == "STARTED", 30, "the long run to start")
+    wait_until(lambda: Path(once).exists(), 30, "the long run's tool to start sleeping")
     # When it is killed with kill -9, and another run of the tool is sent to another worker
     assert first.proc is not None
     kill_group(first.proc, signal.SIGKILL)
