@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -20,6 +21,8 @@ from celery.result import AsyncResult
 from kombu import exceptions as kombu_errors
 from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # kombu 5.7; not in its stubs
 
+from cleveragents.approvals.desk import ApprovalDesk
+from cleveragents.approvals.model import Decision, Parked
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
 from cleveragents.broker import internals
@@ -33,6 +36,7 @@ from cleveragents.constants import (
     QUEUE_READ,
     QUEUE_WRITE,
     SENT_AT_HEADER,
+    STATE_AWAITING_APPROVAL,
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
@@ -411,6 +415,36 @@ class SkillClient:
         )
         return results_in_order(runner)
 
+    @cached_property
+    def desk(self) -> ApprovalDesk:
+        """Approvals: what waits for a person, and their decisions (docs/approvals.md)."""
+        return ApprovalDesk(self.stores.approvals, self.send)
+
+    def approvals(self) -> list[Parked]:
+        """The invocations waiting for approval, oldest first (without their arguments'
+        values: ``approval`` shows those)."""
+        return self.desk.pending()
+
+    def approval(self, request_id: str) -> tuple[Parked, Decision | None]:
+        """A parked invocation, with its full arguments, and its decision if taken."""
+        return self.desk.show(request_id)
+
+    def approve(
+        self, request_id: str, *, by: str | None = None, reason: str | None = None
+    ) -> Decision:
+        """Approve a parked invocation: it runs once (``ApprovalError`` when it cannot)."""
+        return self.desk.approve(request_id, by=by, reason=reason)
+
+    def reject(self, request_id: str, *, reason: str, by: str | None = None) -> Decision:
+        """Reject a parked invocation: it ends as ``permission_denied`` with ``reason``."""
+        return self.desk.reject(request_id, reason=reason, by=by)
+
+    def audit(
+        self, *, request_id: str | None = None, since: datetime | None = None
+    ) -> Iterator[dict[str, str]]:
+        """The audit trail of writes, oldest first (never an argument value)."""
+        return self.stores.audit.read(request_id=request_id, since=since)
+
     def state(self, request_id: str) -> str:
         """Celery's state of the invocation: PENDING, STARTED, SUCCESS, FAILURE, ..."""
         return str(AsyncResult(request_id, app=self.app).state)
@@ -515,11 +549,14 @@ class SkillClient:
         *,
         pending: Any = None,
         writes: bool = False,
+        on_awaiting: Callable[[], None] | None = None,
     ) -> SkillResult:
         """Wait for the result of ``request_id`` (``pending``: the AsyncResult from sending).
 
         With ``writes`` (the request was sent with writes allowed) a stored refusal for
         want of writes is an earlier run's: it is read past until the re-run replaces it.
+        ``on_awaiting`` is called once when the invocation is found waiting for approval
+        (looked at every ``RECHECK_S``); the wait goes on.
 
         Raises:
             TimeoutError: no result within ``timeout`` seconds.
@@ -543,6 +580,9 @@ class SkillClient:
             found, handle = self._wait_step(handle, request_id, step, interval, writes)
             if found is not None:
                 return found
+            if on_awaiting is not None and self.state(request_id) == STATE_AWAITING_APPROVAL:
+                on_awaiting()
+                on_awaiting = None
             # A store without notifications is polled: the longer the wait, the calmer.
             interval = min(interval * 2, MAX_POLL_INTERVAL_S)
 

@@ -42,6 +42,16 @@ LIMIT_KEY_PREFIX = "cleveragents:limit:"
 CANCEL_KEY_PREFIX = "cleveragents:cancel:"
 #: The Redis list of poison invocations kept for inspection (newest first).
 DEAD_LETTER_KEY = f"{CLAIM_KEY_PREFIX}dead-letter"
+#: Celery's state of an invocation parked until a person decides (``cleveragents result``).
+STATE_AWAITING_APPROVAL = "AWAITING_APPROVAL"
+#: A parked invocation's record (a hash), written by workers (docs/approvals.md).
+APPROVAL_KEY_PREFIX = "cleveragents:approval:"
+#: A person's decision about one (a hash), written only by an approver.
+DECISION_KEY_PREFIX = "cleveragents:decision:"
+#: The invocations that wait for a decision, by the time they were parked (a sorted set).
+APPROVAL_INDEX_KEY = "cleveragents:approvals"
+#: The audit trail of writes (a stream), written by workers, capped at CLEVERAGENTS_AUDIT_MAXLEN.
+AUDIT_KEY = "cleveragents:audit"
 #: Dead letters kept; older ones are dropped.
 DEAD_LETTER_LIMIT = 10_000
 #: Redis hash of finished invocations by skill, tool, outcome and error type.

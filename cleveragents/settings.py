@@ -145,6 +145,12 @@ class Settings:
     #: Who command tools run as (a user name or uid); None: ``nobody`` when a worker
     #: runs as root, else the worker's own user.
     tool_user: str | None = None
+    #: Every write-capable tool waits for a person's approval (docs/approvals.md).
+    approval_for_writes: bool = False
+    #: An undecided approval expires after this many seconds.
+    approval_ttl_s: float = 86400.0
+    #: The audit stream keeps about this many events (Redis ``XADD MAXLEN ~``).
+    audit_maxlen: int = 1_000_000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -181,6 +187,9 @@ class Settings:
             mcp_token=(env.get("CLEVERAGENTS_MCP_TOKEN") or "").strip() or None,
             max_output_bytes=_positive_int(env, "CLEVERAGENTS_MAX_OUTPUT_BYTES", 10_000_000),
             tool_user=(env.get("CLEVERAGENTS_TOOL_USER") or "").strip() or None,
+            approval_for_writes=_flag(env, "CLEVERAGENTS_APPROVAL_FOR_WRITES", False),
+            approval_ttl_s=_positive_float(env, "CLEVERAGENTS_APPROVAL_TTL_S", 86400.0),
+            audit_maxlen=_positive_int(env, "CLEVERAGENTS_AUDIT_MAXLEN", 1_000_000),
         )
 
     @property

@@ -7,6 +7,7 @@ import sys
 import click
 
 from cleveragents import __version__
+from cleveragents.cli.approvals_cmd import approvals, audit
 from cleveragents.cli.batch_cmd import batch
 from cleveragents.cli.mcp_cmd import mcp, skills_import
 from cleveragents.cli.metrics_cmd import metrics
@@ -31,6 +32,8 @@ cli.add_command(worker)
 cli.add_command(batch)
 cli.add_command(metrics)
 cli.add_command(mcp)
+cli.add_command(approvals)
+cli.add_command(audit)
 skills.add_command(skills_import)
 
 

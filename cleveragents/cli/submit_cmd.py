@@ -5,15 +5,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+from celery.result import AsyncResult
 
 from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.failure_text import failure_lines
 from cleveragents.cli.render import CliFailure, print_json
 from cleveragents.client import UNKNOWN, SkillClient
-from cleveragents.constants import QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
+from cleveragents.constants import (
+    QUEUE_BATCH_WRITE,
+    QUEUE_READ,
+    QUEUE_WRITE,
+    STATE_AWAITING_APPROVAL,
+)
 from cleveragents.embedded.runner import LocalWorker
 from cleveragents.errors import SchemaValidationError
 from cleveragents.messages import result_payload
@@ -79,6 +85,15 @@ def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+def _say_awaiting(request_id: str) -> None:
+    click.echo(
+        f"{request_id} waits for a person's approval: `cleveragents approvals show "
+        f"{request_id}` shows it, `cleveragents approvals approve {request_id}` approves it; "
+        "still waiting (Ctrl-C stops waiting, not the request)",
+        err=True,
+    )
+
+
 def _wait(
     client: SkillClient,
     request_id: str,
@@ -86,15 +101,25 @@ def _wait(
     pending: Any = None,
     queue: str | None = None,
 ) -> SkillResult:
+    told: list[bool] = []
+
+    def awaiting() -> None:
+        if not told:
+            told.append(True)
+            _say_awaiting(request_id)
+
     try:
         if queue is not None and not client.settings.embedded:
             early = min(QUEUE_CHECK_S, timeout) if timeout is not None else QUEUE_CHECK_S
             try:
                 return client.wait(request_id, timeout=early, pending=pending)
             except TimeoutError:
-                _warn_if_unserved(client, queue)
+                if client.state(request_id) == STATE_AWAITING_APPROVAL:
+                    awaiting()
+                else:
+                    _warn_if_unserved(client, queue)
             timeout = None if timeout is None else max(timeout - early, 0.001)
-        return client.wait(request_id, timeout=timeout, pending=pending)
+        return client.wait(request_id, timeout=timeout, pending=pending, on_awaiting=awaiting)
     except TimeoutError as exc:
         if timeout is None:  # an endless wait ended by the client itself: its own words
             raise CliFailure(f"{exc}", exit_code=1) from None
@@ -214,13 +239,25 @@ def result(request_id: str, wait: bool, timeout: float | None, as_json: bool) ->
             with local_worker_if_embedded(settings):
                 outcome = _wait(client, request_id, timeout)
         else:
-            if as_json:
-                print_json({"request_id": request_id, "state": state})
-            else:
-                click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
-            raise click.exceptions.Exit(1)
+            _not_yet(client, request_id, state, as_json)
         show_result(outcome, request_id, as_json)
 
+
+def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) -> NoReturn:
+    """An invocation without a result: its state (exit 1)."""
+    if state == STATE_AWAITING_APPROVAL:
+        meta = AsyncResult(request_id, app=client.app).info
+        shown = meta if isinstance(meta, dict) else {}
+        if as_json:
+            print_json({**shown, "request_id": request_id, "state": "awaiting_approval"})
+        else:
+            _say_awaiting(request_id)
+        raise click.exceptions.Exit(1)
+    if as_json:
+        print_json({"request_id": request_id, "state": state})
+    else:
+        click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
+    raise click.exceptions.Exit(1)
 
 def _unknown(request_id: str, settings: Settings, as_json: bool) -> None:
     """An id with no result, no binding and no waiting message: exit 2, saying why."""

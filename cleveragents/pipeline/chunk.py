@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.pipeline.binding import content_digest, reused_result
 from cleveragents.pipeline.invocation import Pipeline
@@ -276,7 +277,8 @@ class _Slice:
 
     def _run(self, body: Any, rid: str) -> SkillResult | None:
         """One line's result; None where it went back to the broker on its own, to wait
-        for its tool's limits or for its retry (a chunk never waits on one line)."""
+        for its tool's limits or for its retry, or waits for approval (a chunk never
+        waits on one line)."""
         found = self.pipeline.policy_tool(body) if self.defer is not None else None
         permits: list[Permit] = []
         if found is not None and found.limited:
@@ -288,6 +290,8 @@ class _Slice:
             permits = taken
         try:
             result = self.pipeline.run_guarded(body, rid, redelivered=self.careful, chunk_item=True)
+        except AwaitingApproval:  # parked: its result comes from the delivery a decision sends
+            return None
         finally:
             for permit in permits:
                 permit.release()

@@ -6,15 +6,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cleveragents.approvals.gate import ApprovalGate
+from cleveragents.approvals.model import AwaitingApproval
+from cleveragents.pipeline.audit_trail import WriteTrail
 from cleveragents.pipeline.binding import cancelled_result, content_digest, reused_result
 from cleveragents.pipeline.guard import Guard
 from cleveragents.pipeline.limits import LimitGate, Permit, limit_key
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
-from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite
-from cleveragents.skills import Catalogue, SkillResult
+from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite, RunHooks
+from cleveragents.runtime.request import SkillInvocationRequest
+from cleveragents.skills import Catalogue, SkillResult, ToolSpec
 from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import ResultStore, StartedMark, Stores
+from cleveragents.stores.audit import AuditLog
 
 __all__ = ["Observer", "Pipeline", "execute"]
 
@@ -45,6 +50,10 @@ class Pipeline:
     limit_gate: LimitGate | None = None
     #: Told of each invocation sent back to wait for a limit: skill, tool, seconds.
     on_wait: Callable[[str, str, float], None] = field(default=_no_wait)
+    #: Where tools that need a person's approval wait for it (None: none waits).
+    approvals: ApprovalGate | None = None
+    #: Where write-capable invocations leave their audit events (None: nowhere).
+    audit: AuditLog | None = None
 
     @classmethod
     def over(
@@ -58,8 +67,9 @@ class Pipeline:
         observe: Observer = _unobserved,
         limit_gate: LimitGate | None = None,
         on_wait: Callable[[str, str, float], None] = _no_wait,
+        approvals: ApprovalGate | None = None,
     ) -> Pipeline:
-        """A pipeline whose guard and results live in ``stores``."""
+        """A pipeline whose guard, results and audit log live in ``stores``."""
         return cls(
             catalogue,
             Guard(stores.guard),
@@ -70,6 +80,8 @@ class Pipeline:
             observe=observe,
             limit_gate=limit_gate,
             on_wait=on_wait,
+            approvals=approvals,
+            audit=stores.audit,
         )
 
     def policy_tool(self, body: Any) -> ToolPolicies | None:
@@ -102,16 +114,74 @@ class Pipeline:
             taken.append(outcome)
         return taken
 
-    def run(self, body: Any, before_write: BeforeWrite | None = None) -> SkillResult:
-        """Run one decoded request body through the runtime with this process's policy."""
-        return run_invocation(
-            body,
-            self.catalogue,
-            read_only=self.read_only,
-            default_timeout_s=self.default_timeout_s,
-            max_timeout_s=self.max_timeout_s,
-            before_write=before_write,
+    def run(
+        self,
+        body: Any,
+        before_write: BeforeWrite | None = None,
+        *,
+        request_id: str = "",
+        first: bool = True,
+        asked_by: str | None = None,
+    ) -> SkillResult:
+        """Run one decoded request body through the runtime with this process's policy.
+
+        With a ``request_id`` (a delivery under the guard), a tool that needs approval
+        is parked (``AwaitingApproval`` is raised) and a write-capable one leaves its
+        audit events (``first``: the invocation's first delivery; ``asked_by``: who
+        sent it, where known).
+        """
+        trail = self._trail(body, request_id, first) if request_id else None
+        hooks = RunHooks(
+            before_start=self._approval_hook(body, request_id, trail, asked_by),
+            on_start=trail.on_start if trail is not None else None,
         )
+        try:
+            result = run_invocation(
+                body,
+                self.catalogue,
+                read_only=self.read_only,
+                default_timeout_s=self.default_timeout_s,
+                max_timeout_s=self.max_timeout_s,
+                before_write=before_write,
+                hooks=hooks,
+            )
+        except AwaitingApproval:
+            if trail is not None:
+                trail.flush()
+            raise
+        if trail is not None:
+            trail.ended(result)
+        return result
+
+    def _trail(self, body: Any, request_id: str, first: bool) -> WriteTrail | None:
+        """The audit trail of this delivery, when its tool is a write or needs approval."""
+        found = self.policy_tool(body)
+        if self.audit is None or found is None:
+            return None
+        tool = found.tool
+        gated = self.approvals is not None and self.approvals.needs(tool)
+        if not (tool.write_capable or gated):
+            return None
+        digest = content_digest(body)
+        skill = str(body.get("skill"))  # the skill the request named
+        return WriteTrail(self.audit, request_id, skill, tool.name, digest, first=first)
+
+    def _approval_hook(
+        self, body: Any, request_id: str, trail: WriteTrail | None, asked_by: str | None
+    ) -> Callable[[SkillInvocationRequest, ToolSpec], None] | None:
+        gate = self.approvals
+        if gate is None or not request_id or not isinstance(body, dict):
+            return None
+
+        def before_start(request: SkillInvocationRequest, tool: ToolSpec) -> None:
+            if not gate.needs(tool):
+                return
+            resolution = gate.resolve(request_id, body, tool, content_digest(body), asked_by)
+            if trail is not None:
+                trail.approval(resolution)
+            gate.enforce(resolution)
+
+        return before_start
 
     def answered(
         self, body: Any, request_id: str, started: StartedMark | None = None
@@ -155,16 +225,26 @@ class Pipeline:
         redelivered: bool,
         chunk_item: bool = False,
         resent: str = "",
+        asked_by: str | None = None,
     ) -> SkillResult:
         """Run one delivery under the guard: counted, its write claimed, perhaps not run at all.
 
         ``resent`` tells a message sent back to the broker (a retry, a wait for a limit)
-        from the others under its id (``tasks/resend.py``).
+        from the others under its id (``tasks/resend.py``). ``asked_by``: who sent it.
+
+        Raises:
+            AwaitingApproval: its tool needs a person's approval; it is parked.
         """
         with self.guard.delivery(
             request_id, body, redelivered=redelivered, chunk_item=chunk_item, resent=resent
         ) as delivery:
-            return delivery.settled or delivery.finish(self.run(body, delivery.claim))
+            if delivery.settled is not None:
+                return delivery.settled
+            first = not (redelivered or resent)
+            ran = self.run(
+                body, delivery.claim, request_id=request_id, first=first, asked_by=asked_by
+            )
+            return delivery.finish(ran)
 
 
 def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool) -> SkillResult:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.constants import MAX_NESTING_DEPTH, MAX_REQUEST_BYTES
 from cleveragents.errors import (
     SchemaValidationError,
@@ -39,6 +41,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_OUTPUT_BYTES",
     "BeforeWrite",
+    "RunHooks",
     "claims_write",
     "effective_timeout",
     "invoke",
@@ -54,7 +57,26 @@ DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 3600.0
 #: A hook called right before a write-capable, non-idempotent tool starts.
 BeforeWrite = Callable[[SkillInvocationRequest, ToolSpec, float], None]
+#: Told of a request and its tool: at a point of the run (``RunHooks``).
+RunHook = Callable[[SkillInvocationRequest, ToolSpec], None]
 _ACTIONS = frozenset({"created", "changed", "deleted"})
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What a worker does around a run, beyond the write claim (``before_write``).
+
+    ``before_start`` is called once the gates and validation passed, before the
+    claim: what it raises becomes the result and the tool does not start, but for
+    ``AwaitingApproval``, which ``invoke`` raises (the invocation is parked, it has
+    no result). ``on_start`` is called right before the tool starts.
+    """
+
+    before_start: RunHook | None = None
+    on_start: RunHook | None = None
+
+
+_NO_HOOKS = RunHooks()
 
 
 def _elapsed_ms(started: float) -> float:
@@ -282,6 +304,7 @@ def _execute(
     max_timeout_s: float,
     max_output_bytes: int,
     before_write: BeforeWrite | None,
+    hooks: RunHooks,
 ) -> tuple[Any, list[dict[str, Any]]]:
     tool = entry.tool
     check_write_gates(definition, tool, allow_writes=request.allow_writes, read_only=read_only)
@@ -290,8 +313,12 @@ def _execute(
         definition.input_schema, request.arguments, root="arguments", source="skill input_schema"
     )
     timeout_s = effective_timeout(entry, request, default_timeout_s, max_timeout_s)
+    if hooks.before_start is not None:
+        hooks.before_start(request, tool)
     if before_write is not None and claims_write(tool):
         before_write(request, tool, timeout_s)
+    if hooks.on_start is not None:
+        hooks.on_start(request, tool)
     data, changes = _run(entry, request.arguments, timeout_s, max_output_bytes)
     # Output and resource changes together stay within the limit: nothing larger is stored.
     data, size = _as_json(data, tool.name, "output", max_output_bytes, max_output_bytes)
@@ -318,8 +345,10 @@ def invoke(
     max_request_bytes: int = MAX_REQUEST_BYTES,
     max_output_bytes: int | None = None,
     before_write: BeforeWrite | None = None,
+    hooks: RunHooks = _NO_HOOKS,
 ) -> SkillResult:
-    """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt).
+    """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt,
+    and ``AwaitingApproval`` from ``hooks``: the invocation was parked).
 
     Order: resolve the skill, find the tool, apply the write gates, validate the arguments,
     run the tool (stopped at its timeout, never more than ``max_timeout_s``; output over
@@ -347,7 +376,10 @@ def invoke(
             max_timeout_s=max_timeout_s,
             max_output_bytes=max_output_bytes or default_output_limit(),
             before_write=before_write,
+            hooks=hooks,
         )
+    except AwaitingApproval:
+        raise
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
         return failed_with(_error(exc, skill, tool), skill, tool, duration_ms=_elapsed_ms(started))
     return SkillResult(

@@ -107,6 +107,8 @@ class ToolSpec(BaseModel):
     retry: RetryPolicy | None = None
     #: Fleet-wide limits: runs at once, starts per window.
     limits: Limits | None = None
+    #: Each invocation waits for a person's decision before it runs (docs/approvals.md).
+    requires_approval: bool = False
     _skill_folder: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")

@@ -8,6 +8,9 @@ from typing import Any
 import redis
 
 from cleveragents.settings import Settings
+from cleveragents.stores.approvals import ApprovalStore, FileApprovalStore, MemoryApprovalStore
+from cleveragents.stores.approvals_redis import RedisApprovalStore
+from cleveragents.stores.audit import AuditLog, FileAuditLog, MemoryAuditLog, RedisAuditLog
 from cleveragents.stores.base import BatchLedger, GuardStore, MetricStore, ResultStore
 from cleveragents.stores.files import (
     FileBatchLedger,
@@ -43,6 +46,8 @@ class Stores:
     results: ResultStore
     ledger: BatchLedger
     metrics: MetricStore
+    approvals: ApprovalStore
+    audit: AuditLog
 
     @classmethod
     def in_memory(cls, *, marks_redeliveries: bool = True) -> Stores:
@@ -52,6 +57,8 @@ class Stores:
             results=MemoryResultStore(),
             ledger=MemoryBatchLedger(),
             metrics=MemoryMetricStore(),
+            approvals=MemoryApprovalStore(),
+            audit=MemoryAuditLog(),
         )
 
 
@@ -77,6 +84,8 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
             ),
             ledger=RedisBatchLedger(client, expires),
             metrics=RedisMetricStore(client),
+            approvals=RedisApprovalStore(client, settings.result_expires_s),
+            audit=RedisAuditLog(client, settings.audit_maxlen),
         )
     home = settings.home.resolve()
     return Stores(
@@ -84,4 +93,6 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
         results=FileResultStore(backend),
         ledger=FileBatchLedger(home / "batches"),
         metrics=NullMetricStore(),
+        approvals=FileApprovalStore(home / "approvals"),
+        audit=FileAuditLog(home / "audit.jsonl", settings.audit_maxlen),
     )

@@ -19,6 +19,7 @@ the message with every argument string blanked out.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ from cleveragents.constants import TASK_INVOKE
 from cleveragents.messages import ChunkContext, SkillInvocationFailed, failure_summary, item_repr
 from cleveragents.pipeline import ItemFailure
 
-__all__ = ["EVENTS_FIELD", "ItemEvents", "task_events_on"]
+__all__ = ["EVENTS_FIELD", "ItemEvents", "task_events_on", "tell_flower_later"]
 
 log = logging.getLogger("cleveragents.worker")
 
@@ -53,6 +54,35 @@ def task_events_on(eventer: Any) -> bool:
         return False
     groups = eventer.groups
     return not groups or "task" in groups
+
+
+#: How long after a delivery its own state event is sent: after the worker's buffered
+#: events of the delivery (``worker/consumer.py``, 50 ms), so that it is the last.
+LATE_EVENT_S = 0.25
+
+
+def tell_flower_later(task: Task[Any, Any], event_type: str, **fields: Any) -> None:
+    """Send a task event about this delivery once the worker's own have gone out.
+
+    A custom ``event_type`` (``task-awaiting_approval``) is a state of its own in
+    Flower (Celery's ``State`` upper-cases it). Nothing is sent when the worker sent
+    no task events as it received the message; a failure to send is one warning.
+    """
+    request = task.request
+    if getattr(request, EVENTS_FIELD, None) is not True:
+        return
+    told = (task.app, request.hostname, request.id, event_type, fields)
+    timer = threading.Timer(LATE_EVENT_S, _send_event, told)
+    timer.daemon = True
+    timer.start()
+
+
+def _send_event(app: Any, hostname: str, uuid: str, event_type: str, fields: Any) -> None:
+    try:
+        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+            dispatcher.send(event_type, uuid=uuid, **fields)
+    except Exception as exc:  # only Flower's row is late
+        log.warning("could not tell Flower of %s (%s): %s", uuid, event_type, exc)
 
 
 def _arguments(body: Any) -> Any:

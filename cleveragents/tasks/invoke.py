@@ -9,6 +9,7 @@ from typing import Any
 from celery import Task, states
 from celery.exceptions import Ignore, Retry
 
+from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.broker.redis.result_backend import RedisBackend
 from cleveragents.constants import TASK_INVOKE
 from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
@@ -19,6 +20,7 @@ from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.skills import SkillResult
 from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
+from cleveragents.tasks.events import tell_flower_later
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
@@ -75,6 +77,9 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     permits = _permits(self, pipeline, found)
     try:
         result = _run(self, pipeline, body, task_id)
+    except AwaitingApproval as parked:  # in the approval store: no process waits for it
+        _say_parked(self, parked)
+        raise Ignore() from None
     finally:
         for permit in permits:
             permit.release()
@@ -118,7 +123,11 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
         if not task_id:
             return pipeline.run(body)
         return pipeline.run_guarded(
-            body, task_id, redelivered=redelivered(task), resent=resent_key(task)
+            body,
+            task_id,
+            redelivered=redelivered(task),
+            resent=resent_key(task),
+            asked_by=_origin(task),
         )
     reason = answer.error.details.get("reason") if answer.error is not None else None
     if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
@@ -128,6 +137,22 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
     if reason == REASON_REUSED:
         pipeline.observe(task_id, answer)
     raise Ignore()
+
+
+def _origin(task: Task[Any, Any]) -> str | None:
+    """Who sent the message, as Celery's ``origin`` header says (process and host)."""
+    origin = task.request.origin
+    return origin[:200] if isinstance(origin, str) and origin else None
+
+
+def _say_parked(task: Task[Any, Any], parked: AwaitingApproval) -> None:
+    """Flower shows the invocation as awaiting approval, with the command that approves it."""
+    record = parked.resolution.record
+    tell_flower_later(
+        task,
+        "task-awaiting_approval",
+        info=f"waits for approval: cleveragents approvals approve {record.request_id}",
+    )
 
 
 def _cancelled(result: SkillResult) -> bool:

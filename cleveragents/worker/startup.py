@@ -162,6 +162,15 @@ def _start_key_sweep(sender: Any = None, **_: Any) -> None:
 
 
 @worker_ready.connect
+def _start_approval_sweep(sender: Any = None, **_: Any) -> None:
+    # Parked invocations past their expiry are ended (cleveragents/worker/approval_sweep.py).
+    try:
+        state.start_approval_sweep(sender.app)
+    except Exception as exc:  # never keeps a worker from serving
+        log.warning("could not start the sweep of parked invocations: %s", exc)
+
+
+@worker_ready.connect
 def _announce_ready(**_: Any) -> None:
     # The embedded runner waits for this file rather than polling a broadcast ping.
     ready_file = os.environ.get("CLEVERAGENTS_READY_FILE")

@@ -7,6 +7,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from cleveragents.approvals.gate import ApprovalGate
+from cleveragents.approvals.model import Resolution
+from cleveragents.constants import STATE_AWAITING_APPROVAL
 from cleveragents.metrics import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
 from cleveragents.pipeline.limits import FileLimitGate, LimitGate, RedisLimitGate
@@ -15,6 +18,7 @@ from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import RedisGuardStore, open_stores
 from cleveragents.stores.key_sweep import KeySweep
+from cleveragents.worker.approval_sweep import ApprovalSweep
 from cleveragents.worker.invocation_report import WorkerObserver
 
 __all__ = [
@@ -23,6 +27,7 @@ __all__ = [
     "current",
     "forget_inherited",
     "pipeline",
+    "start_approval_sweep",
     "start_key_sweep",
     "start_metrics",
 ]
@@ -90,8 +95,33 @@ def pipeline(backend: Any) -> Pipeline:
                     observe=_observer,
                     limit_gate=_limit_gate(stores, state.settings),
                     on_wait=_observer.waited,
+                    approvals=ApprovalGate(
+                        stores.approvals,
+                        ttl_s=state.settings.approval_ttl_s,
+                        for_writes=state.settings.approval_for_writes,
+                        on_park=lambda parked: _store_awaiting(backend, parked),
+                    ),
                 )
     return _pipeline
+
+
+def awaiting_meta(resolution: Resolution) -> dict[str, Any]:
+    """What ``cleveragents result`` and ``SkillClient`` read of a parked invocation."""
+    record = resolution.record
+    return {
+        "request_id": record.request_id,
+        "skill": record.skill,
+        "tool": record.tool,
+        "asked_at": record.asked_at,
+        "expires_at": record.expires_at,
+        "approve": f"cleveragents approvals approve {record.request_id}",
+    }
+
+
+def _store_awaiting(backend: Any, resolution: Resolution) -> None:
+    """Store the invocation's state as awaiting approval (over its STARTED)."""
+    request_id = resolution.record.request_id
+    backend.store_result(request_id, awaiting_meta(resolution), STATE_AWAITING_APPROVAL)
 
 
 def _limit_gate(stores: Any, settings: Settings) -> LimitGate:
@@ -123,6 +153,14 @@ def start_key_sweep(backend: Any) -> bool:
         return False
     KeySweep(store.client, store.ttl).start()
     return True
+
+
+def start_approval_sweep(app: Any) -> None:
+    """Send on parked invocations that expired, or whose decision was not sent (the
+    worker's main process, once)."""
+    gate = pipeline(app.backend).approvals
+    if gate is not None:
+        ApprovalSweep(app, gate.store, gate.ttl_s).start()
 
 
 def close_metrics(wait_s: float = CLOSE_WAIT_S) -> None:

@@ -1,0 +1,169 @@
+"""``cleveragents approvals`` (list, show, approve, reject) and ``cleveragents audit``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from typing import Any
+
+import click
+from rich.table import Table
+
+from cleveragents.approvals.model import ApprovalError, Decision, Parked
+from cleveragents.cli.broker_check import cli_client
+from cleveragents.cli.render import CliFailure, console, print_json
+from cleveragents.runtime.text import json_text
+from cleveragents.settings import Settings
+
+__all__ = ["approvals", "audit"]
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _listed(record: Parked, now: float) -> dict[str, Any]:
+    return {**record.summary(), "age_s": round(now - record.asked_at, 1)}
+
+
+def _decided(decision: Decision | None) -> dict[str, Any] | None:
+    if decision is None:
+        return None
+    return {
+        "outcome": decision.outcome,
+        "by": decision.by,
+        "reason": decision.reason,
+        "at": decision.at,
+    }
+
+
+@click.group()
+def approvals() -> None:
+    """Invocations that wait for a person's approval (docs/approvals.md)."""
+
+
+@approvals.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+def list_approvals(as_json: bool) -> None:
+    """List the invocations waiting for approval, oldest first."""
+    with cli_client(Settings.from_env()) as client:
+        waiting = client.approvals()
+    now = time.time()
+    if as_json:
+        for record in waiting:
+            print_json(_listed(record, now))
+        return
+    if not waiting:
+        click.echo("no invocation waits for approval", err=True)
+        return
+    table = Table(title=f"{len(waiting)} waiting for approval", title_justify="left")
+    for column in ("request id", "skill", "tool", "age", "asked by"):
+        table.add_column(column)
+    for record in waiting:
+        age = _age(now - record.asked_at)
+        table.add_row(record.request_id, record.skill, record.tool, age, record.asked_by or "")
+    console.print(table)
+    click.echo(
+        "approve: cleveragents approvals approve ID   (show ID first: its arguments)", err=True
+    )
+
+
+@approvals.command("show")
+@click.argument("request_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def show_approval(request_id: str, as_json: bool) -> None:
+    """Show what ID asks: its skill, tool and full arguments, and any decision."""
+    with cli_client(Settings.from_env()) as client:
+        record, decision = _or_fail(lambda: client.approval(request_id))
+    shown = {
+        **record.summary(),
+        "arguments": record.body.get("arguments"),
+        "allow_writes": record.body.get("allow_writes") is True,
+        "decision": _decided(decision),
+    }
+    if as_json:
+        print_json(shown)
+        return
+    click.echo(f"{record.request_id}: {record.skill} / {record.tool} ({record.state})")
+    click.echo(
+        f"asked by {record.asked_by or 'unknown'}, {_age(time.time() - record.asked_at)} ago"
+    )
+    click.echo("arguments:")
+    click.echo(json_text(shown["arguments"], indent=2))
+    if decision is not None:
+        why = f": {decision.reason}" if decision.reason else ""
+        click.echo(f"{decision.outcome} by {decision.by}{why}")
+
+
+@approvals.command("approve")
+@click.argument("request_id", metavar="ID")
+@click.option("--by", metavar="NAME", help="Who approves (default: this user).")
+@click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
+def approve(request_id: str, by: str | None, reason: str | None) -> None:
+    """Approve ID: it runs once, with exactly the arguments `show` shows."""
+    with cli_client(Settings.from_env()) as client:
+        decision = _or_fail(lambda: client.approve(request_id, by=by, reason=reason))
+    click.echo(f"approved {request_id} (by {decision.by}): it runs now")
+
+
+@approvals.command("reject")
+@click.argument("request_id", metavar="ID")
+@click.option("--reason", metavar="TEXT", required=True, help="Why: the agent reads it.")
+@click.option("--by", metavar="NAME", help="Who rejects (default: this user).")
+def reject(request_id: str, reason: str, by: str | None) -> None:
+    """Reject ID: it ends as permission_denied, with your reason."""
+    with cli_client(Settings.from_env()) as client:
+        decision = _or_fail(lambda: client.reject(request_id, reason=reason, by=by))
+    click.echo(f"rejected {request_id} (by {decision.by}): it will not run")
+
+
+def _or_fail(action: Any) -> Any:
+    try:
+        return action()
+    except ApprovalError as exc:
+        raise CliFailure(str(exc), exit_code=1) from None
+
+
+_SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str) -> dt.datetime:
+    """``--since``: a span back from now (``90s``, ``15m``, ``2h``, ``7d``) or an ISO time."""
+    span = _SPAN.match(text.strip())
+    if span:
+        back = float(span.group(1)) * _UNIT_S[span.group(2)]
+        return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=back)
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise CliFailure(
+            f"--since {text!r}: give a span back from now (90s, 15m, 2h, 7d) or an ISO 8601 time"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@click.option("--request-id", metavar="ID", help="Only this invocation's events.")
+@click.option("--since", metavar="WHEN", help="Only events since: 15m, 2h, 7d, or an ISO time.")
+def audit(as_json: bool, request_id: str | None, since: str | None) -> None:
+    """The audit trail of writes, oldest first: never an argument value."""
+    after = parse_since(since) if since else None
+    with cli_client(Settings.from_env()) as client:
+        for record in client.audit(request_id=request_id, since=after):
+            if as_json:
+                print_json(record)
+                continue
+            extra = " ".join(
+                f"{key}={record[key]}"
+                for key in ("by", "reason", "gate", "error_type")
+                if key in record
+            )
+            line = f"{record.get('at')}  {record.get('event'):<17} {record.get('request_id')}  "
+            click.echo(f"{line}{record.get('skill')} / {record.get('tool')}  {extra}".rstrip())

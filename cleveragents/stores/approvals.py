@@ -1,0 +1,170 @@
+"""Where parked invocations and decisions are kept: in memory, or in files (the embedded default).
+
+Both keep the rules of ``model.py`` under one lock: the file store under an
+exclusive ``flock`` that holds across the processes of the home (the worker's and
+the CLI's). The Redis store (``approvals_redis.py``) keeps them in two scripts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from cleveragents.approvals.model import WAITING, Decision, Parked, Resolution, decide, resolve
+
+__all__ = ["ApprovalStore", "FileApprovalStore", "MemoryApprovalStore"]
+
+
+class ApprovalStore(Protocol):
+    """Parked invocations, the decisions about them, and the order they were asked in."""
+
+    def resolve(self, asked: Parked, ttl_s: float) -> Resolution:
+        """A worker's delivery of ``asked``: park it, or find what became of it."""
+        ...
+
+    def decide(self, request_id: str, wanted: Decision) -> tuple[Parked, Decision]:
+        """A person's decision, stored once (``ApprovalError`` when it cannot be)."""
+        ...
+
+    def get(self, request_id: str) -> tuple[Parked | None, Decision | None]:
+        """The record and decision of ``request_id`` (None: there is none)."""
+        ...
+
+    def waiting(self, limit: int = 1000) -> list[tuple[Parked, Decision | None]]:
+        """The parked invocations not yet settled by a worker, oldest first."""
+        ...
+
+
+class _Local:
+    """The rules over a dict-like keeping of records and decisions (a subclass keeps them)."""
+
+    def _locked(self) -> Any:
+        raise NotImplementedError
+
+    def _load(self, request_id: str) -> tuple[Parked | None, Decision | None]:
+        raise NotImplementedError
+
+    def _save(self, request_id: str, record: Parked | None, decision: Decision | None) -> None:
+        raise NotImplementedError
+
+    def _ids(self) -> list[str]:
+        raise NotImplementedError
+
+    def resolve(self, asked: Parked, ttl_s: float) -> Resolution:
+        with self._locked():
+            record, decision = self._load(asked.request_id)
+            resolution, keep = resolve(record, decision, asked, time.time(), ttl_s)
+            if keep is not None:
+                self._save(asked.request_id, keep, decision)
+            return resolution
+
+    def decide(self, request_id: str, wanted: Decision) -> tuple[Parked, Decision]:
+        with self._locked():
+            record, existing = self._load(request_id)
+            decision = decide(request_id, record, existing, wanted, time.time())
+            assert record is not None  # decide raised otherwise
+            self._save(request_id, record, decision)
+            return record, decision
+
+    def get(self, request_id: str) -> tuple[Parked | None, Decision | None]:
+        with self._locked():
+            return self._load(request_id)
+
+    def waiting(self, limit: int = 1000) -> list[tuple[Parked, Decision | None]]:
+        with self._locked():
+            found = [self._load(request_id) for request_id in self._ids()]
+        kept = [(r, d) for r, d in found if r is not None and r.state == WAITING]
+        kept.sort(key=lambda pair: pair[0].asked_at)
+        return kept[:limit]
+
+
+class MemoryApprovalStore(_Local):
+    """Approvals in this process (tests, and a pipeline built without stores)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, tuple[Parked | None, Decision | None]] = {}
+
+    def _locked(self) -> Any:
+        return self._lock
+
+    def _load(self, request_id: str) -> tuple[Parked | None, Decision | None]:
+        return self._records.get(request_id, (None, None))
+
+    def _save(self, request_id: str, record: Parked | None, decision: Decision | None) -> None:
+        self._records[request_id] = (record, decision)
+
+    def _ids(self) -> list[str]:
+        return list(self._records)
+
+
+class FileApprovalStore(_Local):
+    """Approvals as one JSON file each under ``folder``, private to the home's user."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _path(self, request_id: str) -> Path:
+        # A request id is a producer's text: only its safe characters name a file.
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id)
+        return self.folder / f"{safe[:200]}.json"
+
+    def _load(self, request_id: str) -> tuple[Parked | None, Decision | None]:
+        try:
+            fields = json.loads(self._path(request_id).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return None, None
+        if fields.get("request_id") != request_id:
+            return None, None
+        decision = _decision(fields.pop("decision", None))
+        return _parked(fields), decision
+
+    def _save(self, request_id: str, record: Parked | None, decision: Decision | None) -> None:
+        assert record is not None
+        fields = {
+            **json.loads(record.encode()),
+            "asked_at": record.asked_at,
+            "expires_at": record.expires_at,
+            "state": record.state,
+            "decision": json.loads(decision.encode()) if decision is not None else None,
+        }
+        path = self._path(request_id)
+        beside = path.with_suffix(".tmp")
+        beside.write_text(json.dumps(fields), encoding="utf-8")
+        beside.chmod(0o600)
+        beside.replace(path)
+
+    def _ids(self) -> list[str]:
+        ids = []
+        for path in self.folder.glob("*.json"):
+            try:
+                ids.append(str(json.loads(path.read_text(encoding="utf-8"))["request_id"]))
+            except (OSError, ValueError, KeyError):
+                continue
+        return ids
+
+
+def _parked(fields: dict[str, Any]) -> Parked:
+    times = {k: fields.pop(k) for k in ("asked_at", "expires_at", "state")}
+    return Parked(**fields, **times)
+
+
+def _decision(fields: dict[str, Any] | None) -> Decision | None:
+    return Decision(**fields) if fields else None
