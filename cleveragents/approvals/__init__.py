@@ -5,3 +5,7 @@ between them; ``stores/approvals.py`` and ``stores/approvals_redis.py`` where th
 ``gate.py`` the worker's side (park, then act on the decision); ``desk.py`` the
 approver's (list, show, approve, reject).
 """
+
+from cleveragents.approvals.model import ApprovalError, AwaitingApproval, Decision, Parked
+
+__all__ = ["ApprovalError", "AwaitingApproval", "Decision", "Parked"]

@@ -127,7 +127,8 @@ class RedisApprovalStore:
         state, raw, asked_at, expires_at, changed, *decided = reply
         record = _record(raw, asked_at, expires_at, state)
         assert record is not None
-        return Resolution(_text(state), record, _decision(*decided), bool(changed))
+        decision = _decision(*decided) if decided else None
+        return Resolution(_text(state), record, decision, bool(changed))
 
     def decide(self, request_id: str, wanted: Decision) -> tuple[Parked, Decision]:
         args = [wanted.outcome, wanted.by, wanted.reason or ""]

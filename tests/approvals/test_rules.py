@@ -1,0 +1,111 @@
+"""The rules of approvals, the same in every store: park once, decide once, in time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from cleveragents.approvals.model import (
+    APPROVED,
+    EXPIRED,
+    REJECTED,
+    WAITING,
+    ApprovalError,
+    Decision,
+    Parked,
+)
+from cleveragents.stores.approvals import ApprovalStore, FileApprovalStore, MemoryApprovalStore
+from cleveragents.stores.approvals_redis import RedisApprovalStore
+
+
+def _asked(request_id: str = "r1") -> Parked:
+    body = {"skill": "s", "tool": "t", "arguments": {"amount": 12}, "allow_writes": True}
+    return Parked(request_id, "s", "t", "digest-1", body, asked_by="gen1@host")
+
+
+@pytest.fixture(params=["memory", "file", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ApprovalStore]:
+    if request.param == "memory":
+        yield MemoryApprovalStore()
+    elif request.param == "file":
+        yield FileApprovalStore(tmp_path / "approvals")
+    else:
+        url = request.getfixturevalue("redis_url")
+        client = redis.Redis.from_url(url)
+        yield RedisApprovalStore(client, keep_s=3600)
+        client.close()
+
+
+def test_the_first_delivery_parks_and_the_next_finds_it_still_waiting(store: ApprovalStore) -> None:
+    first = store.resolve(_asked(), ttl_s=60)
+    assert (first.state, first.changed) == (WAITING, True)
+    assert first.record.expires_at == pytest.approx(first.record.asked_at + 60, abs=0.01)
+    again = store.resolve(_asked(), ttl_s=60)
+    assert (again.state, again.changed) == (WAITING, False)
+    assert again.record.asked_at == pytest.approx(first.record.asked_at, abs=0.001)
+    [(waiting, decision)] = store.waiting()
+    assert waiting.request_id == "r1"
+    assert decision is None
+    assert waiting.body["arguments"] == {"amount": 12}  # the approver sees what they approve
+
+
+def test_an_approval_is_taken_once_and_settles_the_next_delivery(store: ApprovalStore) -> None:
+    store.resolve(_asked(), ttl_s=60)
+    _record, decision = store.decide("r1", Decision(APPROVED, "alice", "looks right"))
+    assert (decision.outcome, decision.by, decision.reason) == (APPROVED, "alice", "looks right")
+    assert decision.at == pytest.approx(time.time(), abs=5)
+    with pytest.raises(ApprovalError, match="already approved by alice"):
+        store.decide("r1", Decision(APPROVED, "bob", None))
+    with pytest.raises(ApprovalError, match="already approved by alice"):
+        store.decide("r1", Decision(REJECTED, "bob", "no"))
+    settled = store.resolve(_asked(), ttl_s=60)
+    assert (settled.state, settled.changed) == (APPROVED, True)
+    assert settled.decision is not None
+    assert settled.decision.by == "alice"
+    # A later delivery (a redelivery) finds it approved, and changes nothing
+    later = store.resolve(_asked(), ttl_s=60)
+    assert (later.state, later.changed) == (APPROVED, False)
+    assert store.waiting() == []
+
+
+def test_a_rejection_keeps_its_reason(store: ApprovalStore) -> None:
+    store.resolve(_asked(), ttl_s=60)
+    store.decide("r1", Decision(REJECTED, "carol", "not today"))
+    settled = store.resolve(_asked(), ttl_s=60)
+    assert settled.state == REJECTED
+    assert settled.decision is not None
+    assert settled.decision.reason == "not today"
+
+
+def test_an_unknown_id_cannot_be_decided(store: ApprovalStore) -> None:
+    with pytest.raises(ApprovalError, match="no invocation nope awaits approval"):
+        store.decide("nope", Decision(APPROVED, "alice", None))
+    assert store.get("nope") == (None, None)
+
+
+def test_an_expired_approval_cannot_be_decided_and_expires_on_delivery(
+    store: ApprovalStore,
+) -> None:
+    store.resolve(_asked(), ttl_s=0.3)
+    time.sleep(0.5)
+    with pytest.raises(ApprovalError, match="expired unapproved"):
+        store.decide("r1", Decision(APPROVED, "alice", None))
+    record, decision = store.get("r1")
+    assert record is not None
+    assert decision is None
+    ended = store.resolve(_asked(), ttl_s=0.3)
+    assert (ended.state, ended.changed) == (EXPIRED, True)
+    with pytest.raises(ApprovalError, match="expired unapproved"):
+        store.decide("r1", Decision(REJECTED, "alice", "late"))
+    assert store.waiting() == []
+
+
+def test_a_decision_taken_in_time_wins_over_a_late_delivery(store: ApprovalStore) -> None:
+    store.resolve(_asked(), ttl_s=0.5)
+    store.decide("r1", Decision(APPROVED, "alice", None))
+    time.sleep(0.7)  # past its expiry, but decided before it
+    assert store.resolve(_asked(), ttl_s=0.5).state == APPROVED

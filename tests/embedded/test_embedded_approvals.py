@@ -1,0 +1,100 @@
+"""Approvals on the embedded default: the local user decides, from another terminal, and
+the audit trail is a private file in the home."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.embedded.test_embedded_concurrency import cli_env, processes_using, start_cli
+from tests.support.procs import FIXTURE_SKILLS, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+SKILL, PAY = "test/approvals", "test/send-payment"
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "work"
+    folder.mkdir()
+    yield folder
+    for pid in processes_using(folder):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _env(work: Path, **extra: str) -> dict[str, str]:
+    return cli_env(
+        CLEVERAGENTS_HOME=str(work / "home"), CLEVERAGENTS_CATALOGUE=str(FIXTURE_SKILLS), **extra
+    )
+
+
+def _run(work: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    proc = start_cli(*args, cwd=work, env=_env(work, **extra))
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _submit(
+    work: Path, request_id: str, log: Path, **extra: str
+) -> tuple[subprocess.Popen[str], list[str]]:
+    args = json.dumps({"log": str(log), "key": request_id})
+    proc = start_cli(
+        "submit", SKILL, PAY, "--args", args, "--allow-writes", "--request-id", request_id,
+        "--wait", "--json", cwd=work, env=_env(work, **extra),
+    )  # fmt: skip
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")))  # type: ignore[union-attr]
+    reader.daemon = True
+    reader.start()
+    wait_until(lambda: any("approval" in line for line in said), 60, "submit to say it waits")
+    return proc, said
+
+
+def test_the_local_user_approves_from_another_terminal(work: Path) -> None:
+    log = work / "payments.jsonl"
+    waiting, said = _submit(work, "pay-1", log)
+    listed = _run(work, "approvals", "list", "--json")
+    assert [json.loads(line)["request_id"] for line in listed.stdout.splitlines()] == ["pay-1"]
+    assert not log.exists()
+    approved = _run(work, "approvals", "approve", "pay-1")
+    assert approved.returncode == 0, approved.stderr
+    out, _ = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, "".join(said)
+    assert json.loads(out)["success"] is True
+    assert len(log.read_text(encoding="utf-8").splitlines()) == 1
+    # The trail is a file only its user reads, and `audit` reads it in order
+    trail_file = work / "home" / "audit.jsonl"
+    assert trail_file.stat().st_mode & 0o077 == 0
+    events = [json.loads(line) for line in _run(work, "audit", "--json").stdout.splitlines()]
+    assert [e["event"] for e in events] == [
+        "requested", "awaiting_approval", "approved", "started", "succeeded",
+    ]  # fmt: skip
+    assert events[2]["by"]  # the local user
+    assert str(log) not in json.dumps(events)
+
+
+def test_a_rejection_and_an_expiry_end_as_permission_denied(work: Path) -> None:
+    log = work / "payments.jsonl"
+    waiting, _ = _submit(work, "pay-2", log)
+    rejected = _run(work, "approvals", "reject", "pay-2", "--reason", "not today")
+    assert rejected.returncode == 0, rejected.stderr
+    out, _ = waiting.communicate(timeout=60)
+    error = json.loads(out)["error"]
+    assert (error["error_type"], error["details"]["reason"]) == (
+        "permission_denied",
+        "approval_rejected",
+    )
+    assert error["details"]["approval_reason"] == "not today"
+    # An undecided one expires (a short time to live, read by the local worker)
+    expiring, _ = _submit(work, "pay-3", log, CLEVERAGENTS_APPROVAL_TTL_S="2")
+    out, _ = expiring.communicate(timeout=60)
+    assert json.loads(out)["error"]["details"]["reason"] == "approval_expired"
+    assert not log.exists()
