@@ -151,7 +151,7 @@ def _say_parked(task: Task[Any, Any], parked: AwaitingApproval) -> None:
     tell_flower_later(
         task,
         "task-awaiting_approval",
-        info=f"waits for approval: cleveragents approvals approve {record.request_id}",
+        result=f"waits for approval: cleveragents approvals approve {record.request_id}",
     )
 
 
