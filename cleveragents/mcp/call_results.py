@@ -11,6 +11,10 @@
 - Either way ``_meta`` carries ``cleveragents/request_id`` (the invocation's id,
   for ``cleveragents result ID``), and on failure ``cleveragents/error`` (the
   ``SkillError`` as JSON) or on success ``cleveragents/resource_changes``.
+- Awaiting approval, when the person cannot be asked through the client
+  (``awaiting_result``): ``isError: true`` (nothing ran, and a success would have to
+  match the tool's ``outputSchema``, which clients check), a text block saying how a
+  person approves it, and ``structuredContent`` ``{"state": "awaiting_approval", ...}``.
 """
 
 from __future__ import annotations
@@ -27,13 +31,23 @@ from cleveragents.runtime.text import json_text
 from cleveragents.skills import SkillResult
 from cleveragents.skills.mcp_tools import META_PREFIX
 
-__all__ = ["META_ERROR", "META_REQUEST_ID", "call_result", "revoked_result", "writes_refused"]
+__all__ = [
+    "AWAITING",
+    "META_ERROR",
+    "META_REQUEST_ID",
+    "awaiting_result",
+    "call_result",
+    "revoked_result",
+    "writes_refused",
+]
 
 #: ``_meta`` key of a call result: the invocation's request id.
 META_REQUEST_ID = f"{META_PREFIX}request_id"
 #: ``_meta`` key of a failed call result: the ``SkillError`` as JSON.
 META_ERROR = f"{META_PREFIX}error"
 _META_CHANGES = f"{META_PREFIX}resource_changes"
+#: ``structuredContent.state`` of a call answered while its invocation awaits approval.
+AWAITING = "awaiting_approval"
 
 
 def _text(value: Any) -> types.TextContent:
@@ -84,4 +98,29 @@ def revoked_result(route: ToolRoute, request_id: str) -> SkillResult:
         SkillErrorType.TOOL_EXECUTION_FAILURE,
         f"invocation {request_id} was revoked before it ended",
         {"reason": "revoked"},
+    )
+
+
+def awaiting_result(route: ToolRoute, request_id: str) -> types.CallToolResult:
+    """The answer to a call whose invocation stays parked: how a person approves it."""
+    approve = f"cleveragents approvals approve {request_id}"
+    reject = f"cleveragents approvals reject {request_id} --reason TEXT"
+    text = (
+        f"{AWAITING}: tool {route.tool} of skill {route.skill} waits for a person's approval "
+        f"and has not run (invocation {request_id}). A person approves it with `{approve}` "
+        f"(or rejects it with `{reject}`); `cleveragents result {request_id}` then shows "
+        "its result. Do not call it again: that would ask again."
+    )
+    structured = {
+        "state": AWAITING,
+        "request_id": request_id,
+        "skill": route.skill,
+        "tool": route.tool,
+        "approve": approve,
+    }
+    return types.CallToolResult(
+        content=[_text(text)],
+        structured_content=structured,
+        is_error=True,
+        meta={META_REQUEST_ID: request_id},
     )

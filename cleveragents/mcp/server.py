@@ -11,7 +11,12 @@ guarantees apply), then waited for by polling the result store from worker
 threads, so the event loop stays free: progress is reported once a second while
 the client asked for it, and ``notifications/cancelled`` (which cancels the
 handler) revokes the invocation: a queued one never starts, a running read is
-terminated, a running write is left to finish (and the log says so).
+terminated, a running write is left to finish (and the log says so). A call
+whose invocation is parked for a person's approval asks that person through the
+client when it declared elicitation (``Approver``): accept approves, decline or
+cancel rejects, ``by: mcp:<client name>``; otherwise, or when the question cannot
+be asked or the answer not recorded here, the call answers at once with how to
+approve it (``awaiting_result``) and the invocation stays parked.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -29,8 +35,15 @@ from mcp.types.jsonrpc import INVALID_PARAMS
 
 from cleveragents import __version__
 from cleveragents.client import SkillClient
+from cleveragents.constants import STATE_AWAITING_APPROVAL
 from cleveragents.errors import SchemaValidationError, SkillErrorType
-from cleveragents.mcp.call_results import call_result, revoked_result, writes_refused
+from cleveragents.mcp.approval_prompt import Approver, can_elicit
+from cleveragents.mcp.call_results import (
+    awaiting_result,
+    call_result,
+    revoked_result,
+    writes_refused,
+)
 from cleveragents.mcp.naming import ToolRoute, ToolTable
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
@@ -60,6 +73,8 @@ def _describe(state: str) -> str:
         return "running"
     if state in ("PENDING", "RECEIVED"):
         return "queued"
+    if state == STATE_AWAITING_APPROVAL:
+        return "awaiting approval"
     return state.lower()
 
 
@@ -108,38 +123,77 @@ class FleetTools:
         except SchemaValidationError as exc:
             kind = SkillErrorType.VALIDATION_ERROR
             return call_result(failed_result(route.skill, route.tool, kind, str(exc)), None)
-        return call_result(await self._run(ctx, route, request), request.request_id)
+        outcome = await self._run(ctx, route, request)
+        if isinstance(outcome, types.CallToolResult):
+            return outcome
+        return call_result(outcome, request.request_id)
 
     async def _run(
         self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request: SkillInvocationRequest
-    ) -> SkillResult:
+    ) -> SkillResult | types.CallToolResult:
         try:
             await anyio.to_thread.run_sync(lambda: self.client.send(request, skip_if_done=False))
             log.info("call %s: invocation %s sent", route.name, request.request_id)
-            return await self._wait(ctx, route, request.request_id)
+            return await self._wait(ctx, route, request)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.cancel, route, request.request_id)
             raise
 
     async def _wait(
-        self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request_id: str
-    ) -> SkillResult:
+        self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request: SkillInvocationRequest
+    ) -> SkillResult | types.CallToolResult:
+        """The invocation's result; the person is asked meanwhile if it awaits approval.
+
+        A question still open when the call ends (decided elsewhere, expired) is withdrawn.
+        """
+        outcome: SkillResult | types.CallToolResult | Exception
+        async with anyio.create_task_group() as asking:
+            try:
+                outcome = await self._poll(ctx, route, request, asking)
+            except Exception as exc:  # raised as it is below, not inside an exception group
+                outcome = exc
+            asking.cancel_scope.cancel()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def _poll(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        route: ToolRoute,
+        request: SkillInvocationRequest,
+        asking: TaskGroup,
+    ) -> SkillResult | types.CallToolResult:
+        request_id = request.request_id
         started = time.monotonic()
         next_report = started + self.progress_interval_s
         pause = FIRST_POLL_S
+        approver: Approver | None = None
         while True:
             found = await anyio.to_thread.run_sync(
                 self.client.get, request_id, abandon_on_cancel=True
             )
             if found is not None:
                 return found
+            if approver is not None and approver.failed:
+                return awaiting_result(route, request_id)
             if time.monotonic() >= next_report:
                 state = await anyio.to_thread.run_sync(
                     self.client.state, request_id, abandon_on_cancel=True
                 )
                 if state == "REVOKED":
                     return revoked_result(route, request_id)
+                if state == STATE_AWAITING_APPROVAL and approver is None:
+                    if not can_elicit(ctx.session):
+                        log.info(
+                            "call %s: invocation %s awaits approval; the client cannot be asked",
+                            route.name,
+                            request_id,
+                        )
+                        return awaiting_result(route, request_id)
+                    approver = Approver(ctx, self.client, route, request)
+                    asking.start_soon(approver.ask)
                 # A no-op unless the client sent a progressToken with its call.
                 await ctx.session.report_progress(
                     round(time.monotonic() - started, 3), None, _describe(state)

@@ -1,0 +1,157 @@
+"""Asking a person through the MCP client whether a parked invocation may run.
+
+When ``mcp serve`` finds a call's invocation parked for approval and the client
+declared the elicitation capability, ``Approver`` sends one form question naming
+the skill, the tool and the arguments; accept approves, decline or cancel
+rejects, recorded as ``by: mcp:<client name>`` (docs/mcp.md, "Approvals over MCP").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.session import ServerSession
+
+from cleveragents.approvals import ApprovalError
+from cleveragents.client import SkillClient
+from cleveragents.mcp.naming import ToolRoute
+from cleveragents.runtime.request import SkillInvocationRequest
+
+__all__ = ["Approver", "can_elicit", "client_name", "question"]
+
+log = logging.getLogger("cleveragents.mcp")
+
+#: The form of the question: one optional field, the person's reason.
+REASON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {
+            "type": "string",
+            "title": "Reason",
+            "description": "Why (optional): kept with the decision; on a rejection the agent "
+            "reads it",
+        }
+    },
+}
+#: The longest JSON of the arguments a question shows (``approvals show`` shows them all).
+MAX_ARGUMENTS_CHARS = 4000
+#: The reason of a rejection the person gave none for.
+_NO_REASON = {"decline": "declined over MCP", "cancel": "cancelled over MCP"}
+
+def can_elicit(session: ServerSession) -> bool:
+    """Whether the person can be asked a form question through this session's client."""
+    capabilities = session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    if elicitation is None or not session.can_send_request:
+        return False
+    # An empty capability (MCP 2025-06-18) means form mode; a URL-only client has no form.
+    return elicitation.form is not None or elicitation.url is None
+
+
+def client_name(session: ServerSession) -> str:
+    """The client's name from ``initialize`` (``clientInfo.name``), or ``client``."""
+    params = session.client_params
+    info = params.client_info if params is not None else None
+    return (info.name.strip() if info is not None else "") or "client"
+
+
+def question(route: ToolRoute, request: SkillInvocationRequest) -> str:
+    """What the person is asked: the skill, the tool, the invocation and its arguments."""
+    arguments = json.dumps(request.arguments, indent=2, sort_keys=True, default=str)
+    if len(arguments) > MAX_ARGUMENTS_CHARS:
+        arguments = (
+            f"{arguments[:MAX_ARGUMENTS_CHARS]}\n... (cut: `cleveragents approvals show "
+            f"{request.request_id}` shows them all)"
+        )
+    return (
+        f"Approve this call? Tool {route.tool} of skill {route.skill} (invocation "
+        f"{request.request_id}) waits for a person's approval before it runs, with these "
+        f"arguments:\n{arguments}\nAccept runs it once; decline rejects it (a reason you give "
+        "is passed to the agent)."
+    )
+
+
+class Approver:
+    """Asks the person about one parked invocation through the client, and records the answer.
+
+    ``failed`` turns true when the question could not be asked or the answer not
+    recorded (the call then answers with ``awaiting_result``). A decision taken
+    elsewhere first (``ApprovalError``) is not a failure: the call waits for its result.
+    """
+
+    def __init__(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        client: SkillClient,
+        route: ToolRoute,
+        request: SkillInvocationRequest,
+    ) -> None:
+        self.ctx = ctx
+        self.client = client
+        self.route = route
+        self.request = request
+        self.failed = False
+
+    async def ask(self) -> None:
+        """Ask once, then approve or reject as the person answered."""
+        request_id = self.request.request_id
+        log.info(
+            "call %s: invocation %s awaits approval; asking the client", self.route.name, request_id
+        )
+        try:
+            answer = await self.ctx.session.elicit_form(
+                question(self.route, self.request),
+                REASON_SCHEMA,
+                related_request_id=self.ctx.request_id,
+            )
+        except Exception as exc:  # an error answer, no back-channel, a malformed answer
+            log.warning(
+                "invocation %s: could not ask the client (%s); it stays parked", request_id, exc
+            )
+            self.failed = True
+            return
+        await self._decide(answer)
+
+    async def _decide(self, answer: types.ElicitResult) -> None:
+        request_id = self.request.request_id
+        by = f"mcp:{client_name(self.ctx.session)}"
+        said = answer.content.get("reason") if answer.content else None
+        reason = said.strip() if isinstance(said, str) and said.strip() else None
+        try:
+            if answer.action == "accept":
+                await anyio.to_thread.run_sync(
+                    lambda: self.client.approve(request_id, by=by, reason=reason)
+                )
+            else:
+                why = reason or _NO_REASON[answer.action]
+                await anyio.to_thread.run_sync(
+                    lambda: self.client.reject(request_id, reason=why, by=by)
+                )
+        except ApprovalError as exc:  # decided elsewhere first, or expired: the result tells
+            log.info(
+                "invocation %s: the client's answer (%s) was not recorded: %s",
+                request_id,
+                answer.action,
+                exc,
+            )
+            return
+        except Exception as exc:  # the store or the broker refused (an ACL, an outage)
+            log.warning(
+                "invocation %s: could not record the client's answer (%s): %s",
+                request_id,
+                answer.action,
+                exc,
+            )
+            self.failed = True
+            return
+        log.info(
+            "invocation %s: %s by %s",
+            request_id,
+            "approved" if answer.action == "accept" else "rejected",
+            by,
+        )
