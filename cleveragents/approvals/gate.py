@@ -83,9 +83,10 @@ class ApprovalGate:
             AwaitingApproval: parked (now, or still): the tool must not start.
             WriteRefused: rejected, or expired undecided (``permission_denied``).
         """
-        if resolution.state == APPROVED:
+        decided = resolution.decision
+        if resolution.state == APPROVED and decided is not None and decided.outcome == APPROVED:
             return
-        if resolution.state == WAITING:
+        if resolution.state in (WAITING, APPROVED):  # approved without a decision: not by a person
             self.on_park(resolution)
             raise AwaitingApproval(resolution)
         raise _refusal(resolution)

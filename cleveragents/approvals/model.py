@@ -101,6 +101,9 @@ class Decision:
     reason: str | None
     #: Filled in by the store, on its own clock.
     at: float = 0.0
+    #: The content digest of what was decided (the parked record's): a decision counts
+    #: only for exactly those arguments.
+    digest: str = ""
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -146,6 +149,8 @@ def resolve(
     if record is None:
         parked = replace(asked, asked_at=now, expires_at=now + ttl_s, state=WAITING)
         return Resolution(WAITING, parked, None, True), parked
+    if decision is not None and decision.digest != record.digest:
+        decision = None  # about other arguments: no decision about these
     if record.state != WAITING:
         return Resolution(record.state, record, decision, False), None
     if decision is not None:
@@ -184,7 +189,7 @@ def decide(
         )
     if record.state != WAITING:  # settled without a decision: cannot happen, said anyway
         raise ApprovalError(f"invocation {request_id} is {record.state}; nothing was changed")
-    return replace(wanted, at=now)
+    return replace(wanted, at=now, digest=record.digest)
 
 
 def _decided(request_id: str, existing: Decision) -> str:

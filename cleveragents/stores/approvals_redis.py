@@ -34,17 +34,20 @@ __all__ = ["RedisApprovalStore"]
 _RESOLVE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local got = redis.call('HMGET', KEYS[1], 'record', 'asked_at', 'expires_at', 'state')
+local got = redis.call('HMGET', KEYS[1], 'record', 'asked_at', 'expires_at', 'state', 'digest')
 if not got[1] then
   local expires = now + tonumber(ARGV[2]) / 1000
   redis.call('HSET', KEYS[1], 'record', ARGV[1], 'asked_at', string.format('%.6f', now),
-    'expires_at', string.format('%.6f', expires), 'state', 'waiting')
+    'expires_at', string.format('%.6f', expires), 'state', 'waiting', 'digest', ARGV[5])
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('ZADD', KEYS[3], now, ARGV[4])
   redis.call('EXPIRE', KEYS[3], ARGV[3])
   return {'waiting', ARGV[1], string.format('%.6f', now), string.format('%.6f', expires), 1}
 end
-local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at')
+local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest')
+if d[1] and d[5] ~= got[5] then
+  d = {false, false, false, false, false}  -- about other arguments: no decision about these
+end
 local state, changed = got[4], 0
 if state == 'waiting' then
   if d[1] then
@@ -57,7 +60,7 @@ if state == 'waiting' then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
 end
-return {state, got[1], got[2], got[3], changed, d[1], d[2], d[3], d[4]}
+return {state, got[1], got[2], got[3], changed, d[1], d[2], d[3], d[4], d[5]}
 """
 
 #: KEYS: the record, the decision. ARGV: outcome, by, reason. Stores the decision
@@ -66,21 +69,22 @@ return {state, got[1], got[2], got[3], changed, d[1], d[2], d[3], d[4]}
 _DECIDE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local got = redis.call('HMGET', KEYS[1], 'record', 'asked_at', 'expires_at', 'state')
+local got = redis.call('HMGET', KEYS[1], 'record', 'asked_at', 'expires_at', 'state', 'digest')
 local stamp = string.format('%.6f', now)
 if not got[1] then
-  return {0, false, false, false, false, false, false, false, false, stamp}
+  return {0, false, false, false, false, false, false, false, false, false, stamp}
 end
-local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at')
+local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest')
 if d[1] or got[4] ~= 'waiting' or now >= tonumber(got[3]) then
-  return {0, got[1], got[2], got[3], got[4], d[1], d[2], d[3], d[4], stamp}
+  return {0, got[1], got[2], got[3], got[4], d[1], d[2], d[3], d[4], d[5], stamp}
 end
-redis.call('HSET', KEYS[2], 'outcome', ARGV[1], 'by', ARGV[2], 'reason', ARGV[3], 'at', stamp)
+redis.call('HSET', KEYS[2], 'outcome', ARGV[1], 'by', ARGV[2], 'reason', ARGV[3], 'at', stamp,
+  'digest', got[5])
 local left = redis.call('PTTL', KEYS[1])
 if left > 0 then
   redis.call('PEXPIRE', KEYS[2], left)
 end
-return {1, got[1], got[2], got[3], got[4], ARGV[1], ARGV[2], ARGV[3], stamp, stamp}
+return {1, got[1], got[2], got[3], got[4], ARGV[1], ARGV[2], ARGV[3], stamp, got[5], stamp}
 """
 
 
@@ -96,11 +100,12 @@ def _record(raw: Any, asked_at: Any, expires_at: Any, state: Any) -> Parked | No
     )
 
 
-def _decision(outcome: Any, by: Any, reason: Any, at: Any) -> Decision | None:
+def _decision(outcome: Any, by: Any, reason: Any, at: Any, digest: Any = "") -> Decision | None:
     if outcome is None or outcome is False:
         return None
     said = _text(reason) if reason not in (None, False) else ""
-    return Decision(_text(outcome), _text(by), said or None, float(at or 0))  # type: ignore[arg-type]
+    found = _text(digest) if digest not in (None, False) else ""
+    return Decision(_text(outcome), _text(by), said or None, float(at or 0), found)  # type: ignore[arg-type]
 
 
 class RedisApprovalStore:
@@ -122,6 +127,7 @@ class RedisApprovalStore:
             round(ttl_s * 1000),
             int(ttl_s) + self.keep_s,
             asked.request_id,
+            asked.digest,
         ]
         reply = retrying(lambda: self._resolve(keys=keys, args=args))
         state, raw, asked_at, expires_at, changed, *decided = reply
@@ -147,7 +153,7 @@ class RedisApprovalStore:
         def read() -> tuple[Any, Any]:
             with self.client.pipeline(transaction=False) as pipe:
                 pipe.hmget(record_key, "record", "asked_at", "expires_at", "state")
-                pipe.hmget(decision_key, "outcome", "by", "reason", "at")
+                pipe.hmget(decision_key, "outcome", "by", "reason", "at", "digest")
                 got, decided = pipe.execute()
             return got, decided
 

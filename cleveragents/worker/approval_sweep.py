@@ -40,9 +40,13 @@ def sweep_interval_s(ttl_s: float) -> float:
 class ApprovalSweep:
     """The thread that sends on what expired, or what was decided and not sent."""
 
-    def __init__(self, app: Any, store: ApprovalStore, ttl_s: float) -> None:
+    def __init__(
+        self, app: Any, store: ApprovalStore, ttl_s: float, *, read_only: bool = False
+    ) -> None:
         self.app = app
         self.store = store
+        #: A read-only worker sends on no write (its Redis user may not publish one).
+        self.read_only = read_only
         self.interval_s = sweep_interval_s(ttl_s)
         self._sent: dict[str, float] = {}
         self._stop = threading.Event()
@@ -69,8 +73,14 @@ class ApprovalSweep:
         for record, decision in self.store.waiting():
             if record.request_id in self._sent or not _due(record, decision, now):
                 continue
-            self._send(record)
+            if self.read_only and record.body.get("allow_writes") is True:
+                continue  # a worker that may write sends it on
             self._sent[record.request_id] = now
+            try:
+                self._send(record)
+            except Exception as exc:  # this one is tried again later; the others go on
+                log.warning("could not send on parked invocation %s: %s", record.request_id, exc)
+                continue
             sent += 1
         return sent
 

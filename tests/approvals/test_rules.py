@@ -109,3 +109,15 @@ def test_a_decision_taken_in_time_wins_over_a_late_delivery(store: ApprovalStore
     store.decide("r1", Decision(APPROVED, "alice", None))
     time.sleep(0.7)  # past its expiry, but decided before it
     assert store.resolve(_asked(), ttl_s=0.5).state == APPROVED
+
+
+def test_a_decision_about_other_arguments_does_not_count(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    store = RedisApprovalStore(client, keep_s=3600)
+    store.resolve(_asked(), ttl_s=60)
+    # A decision written past the approver's script, for no digest (or another one)
+    client.hset("cleveragents:decision:r1", mapping={"outcome": APPROVED, "by": "x", "at": 1})
+    assert store.resolve(_asked(), ttl_s=60).state == WAITING
+    client.hset("cleveragents:decision:r1", "digest", "digest-of-something-else")
+    assert store.resolve(_asked(), ttl_s=60).state == WAITING
+    client.close()

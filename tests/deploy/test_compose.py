@@ -36,6 +36,7 @@ from tests.support.composefile import (
     ENV_EXAMPLE,
     PLACEHOLDER,
     REDIS_ADMIN,
+    REDIS_PEOPLE,
     REDIS_USERS,
     REQUIRED,
     SECRETS,
@@ -233,6 +234,11 @@ def test_each_password_reaches_only_the_services_that_need_it() -> None:
             # The admin password: Redis' users, and redis-cli's in the Redis container.
             assert hits == {("redis", "environment", "REDISCLI_AUTH")}
             assert f"user {REDIS_ADMIN[0]} reset on >{password} " in redis_users
+        elif name in REDIS_PEOPLE.values():
+            # A person's role (the approver): Redis' users only, no service's.
+            assert hits == set(), name
+            [user] = [user for user, var in REDIS_PEOPLE.items() if var == name]
+            assert f"user {user} reset on >{password} " in redis_users
         else:
             # A role's password: its user in Redis, and the broker URL of its one service.
             [service] = [svc for svc, (_, var) in REDIS_USERS.items() if var == name]
@@ -301,8 +307,8 @@ def test_redis_users_are_one_per_role_each_with_its_own_password_and_no_default(
         users.pop(admin)
         == f"user {admin} reset on >${{{admin_password}:?set {admin_password} in .env}} ~* &* +@all"
     )
-    assert set(users) == {user for user, _ in REDIS_USERS.values()}
-    for user, variable in REDIS_USERS.values():
+    assert set(users) == {user for user, _ in REDIS_USERS.values()} | set(REDIS_PEOPLE)
+    for user, variable in [*REDIS_USERS.values(), *REDIS_PEOPLE.items()]:
         rules = users[user].split()
         assert rules[:4] == ["user", user, "reset", "on"], user
         assert rules[4] == f">${{{variable}:?set", user

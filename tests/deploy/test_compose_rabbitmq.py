@@ -27,6 +27,7 @@ from tests.support.composefile import (
     COMPOSE_FILE,
     ENV_EXAMPLE,
     PLACEHOLDER,
+    REDIS_PEOPLE,
     REDIS_USERS,
     SECRETS,
     SERVICE_ENVIRONMENT,
@@ -158,6 +159,8 @@ def test_each_password_reaches_only_the_services_that_need_it_on_rabbitmq() -> N
             # A Redis role's password: now in its one service's result backend only.
             [service] = [svc for svc, (_, var) in REDIS_USERS.items() if var == name]
             assert hits == {(service, "CLEVERAGENTS_RESULT_BACKEND")}, name
+        elif name in REDIS_PEOPLE.values():
+            assert hits == set(), name  # no service logs in as a person's role
 
 
 # ---- the services' commands on a real RabbitMQ, each with its own Redis user ----------------

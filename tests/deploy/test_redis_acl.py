@@ -43,6 +43,7 @@ from cleveragents.stores import Claim, RedisGuardStore, StartedMark, open_stores
 from tests.support.acl_roles import compose_worker, producer_client, role_app
 from tests.support.composefile import (
     REDIS_ADMIN,
+    REDIS_PEOPLE,
     REDIS_USERS,
     RedisWithUsers,
     _program,
@@ -80,7 +81,7 @@ def test_docs_show_the_compose_files_redis_users_as_acl_setuser_lines() -> None:
 def test_redis_loads_one_user_per_role_and_lets_nobody_in_without_one(
     acl_redis: RedisWithUsers,
 ) -> None:
-    users = {user for user, _ in REDIS_USERS.values()}
+    users = {user for user, _ in REDIS_USERS.values()} | set(REDIS_PEOPLE)
     assert set(acl_redis.admin().acl_users()) == {"default", REDIS_ADMIN[0], *users}
     # No login, or the password alone (the default user), gets nothing.
     with pytest.raises(redis.AuthenticationError):

@@ -38,10 +38,19 @@ REDIS_USERS = {
     "flower": ("flower", "REDIS_FLOWER_PASSWORD"),
     "metrics": ("metrics", "REDIS_METRICS_PASSWORD"),
 }
+#: Redis users no service of the compose file logs in as (people run them from their own
+#: machines: an approver's `cleveragents approvals approve`), and the variable of each
+#: one's password.
+REDIS_PEOPLE = {"approver": "REDIS_APPROVER_PASSWORD"}
 #: Redis' admin user and the variable of its password (Redis' own health check uses it).
 REDIS_ADMIN = ("admin", "REDIS_PASSWORD")
 #: Variables that must be set by the user: compose refuses to start without them.
-SECRETS = (REDIS_ADMIN[1], *(var for _, var in REDIS_USERS.values()), "FLOWER_PASSWORD")
+SECRETS = (
+    REDIS_ADMIN[1],
+    *(var for _, var in REDIS_USERS.values()),
+    *REDIS_PEOPLE.values(),
+    "FLOWER_PASSWORD",
+)
 #: Set by the user, without a default, though not secret.
 REQUIRED = (*SECRETS, "FLOWER_USER")
 #: The services of a plain `docker compose up`.
@@ -311,6 +320,7 @@ class RedisWithUsers:
     def password(self, user: str) -> str:
         """The password of a Redis user of the compose file."""
         roles = {name: var for name, var in (REDIS_ADMIN, *REDIS_USERS.values())}
+        roles.update(REDIS_PEOPLE)
         return self.passwords[roles[user]]
 
     def url(self, user: str) -> str:
