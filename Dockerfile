@@ -21,8 +21,10 @@ COPY . .
 # Every dependency ships binary wheels for linux/amd64 and linux/arm64 (pydantic-core,
 # jsonschema-rs), so no compiler is needed even here. The pip cache is a BuildKit cache
 # mount: it speeds up rebuilds and never lands in a layer.
+# With the otel extra's (OpenTelemetry traces, docs/operations.md "Traces"): off unless the
+# OTEL_* variables ask for them.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip wheel . --wheel-dir /wheels
+    pip wheel . ".[otel]" --wheel-dir /wheels
 
 # ---- final: the wheels installed into a clean slim image, run as a non-root user -----------
 FROM python:3.11-slim
@@ -47,7 +49,7 @@ RUN groupadd --system --gid 10001 cleveragents \
 # `examples` package; the worker uses it unless /app/skills or CLEVERAGENTS_CATALOGUE says
 # otherwise.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels /wheels/cleveragents-*.whl
+    pip install --no-index --find-links=/wheels "cleveragents[otel]"
 
 WORKDIR /app
 USER 10001:10001

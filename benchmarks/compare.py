@@ -206,8 +206,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def services(url: dict[str, str], wanted: set[str], scratch: Path) -> dict[str, Service]:
-    """The workers of the systems in ``wanted``, as their users start them."""
+def services(
+    url: dict[str, str], wanted: set[str], scratch: Path, otel: dict[str, str] | None = None
+) -> dict[str, Service]:
+    """The workers of the systems in ``wanted``, as their users start them (``otel``: the
+    cleveragents worker's OpenTelemetry variables, with ``--trace-sample``)."""
     python = sys.executable
     found: dict[str, Service] = {}
     workers = {WORKER_OF[s] for s in wanted}
@@ -235,6 +238,7 @@ def services(url: dict[str, str], wanted: set[str], scratch: Path) -> dict[str, 
             clean_env(
                 CLEVERAGENTS_BROKER_URL=url["cleveragents"],
                 CLEVERAGENTS_CATALOGUE=str(EXAMPLE_SKILLS),
+                **(otel or {}),
             ),
             scratch,
         )  # fmt: skip
@@ -651,6 +655,7 @@ class Everything:
     redis: RedisServer | None = None
     workers: dict[str, Service] = field(default_factory=dict)
     systems: dict[str, System] = field(default_factory=dict)
+    sink: Any = None  # the trace sink of --trace-sample
 
     def close(self) -> None:
         signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -668,6 +673,8 @@ class Everything:
                 shutil.rmtree(self.redis.dir, ignore_errors=True)
                 self.redis = None
             shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.sink is not None:
+                self.sink.close()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
@@ -678,7 +685,14 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
     url = {name: f"{base}/{db}" for name, db in DB.items()}
     for name in [n for n in os.environ if n.startswith("CLEVERAGENTS_")]:
         del os.environ[name]  # the client reads only what this run gives it
-    every.workers = services(url, set(wanted), every.scratch)
+    otel = None
+    if args.trace_sample is not None:
+        from benchmarks.trace_sink import TraceSink
+
+        every.sink = TraceSink()
+        otel = every.sink.env(args.trace_sample)
+        print(f"cleveragents worker traces, sampling {args.trace_sample:g}", flush=True)
+    every.workers = services(url, set(wanted), every.scratch, otel)
     for worker in every.workers.values():
         worker.start()
     if {"plain", "events", "chunks", "stored"} & set(wanted):
@@ -745,6 +759,8 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
             )
     paired = measure_paired(args, wanted, every)
     met = report(runs, args, paired)
+    if every.sink is not None:
+        print(f"trace exports received: {every.sink.exports} ({every.sink.bytes:,} bytes)")
     print(f"load {os.getloadavg()[0]:.2f} at the end")
     return met
 
@@ -800,6 +816,14 @@ def main(argv: list[str] | None = None) -> int:
         "--paired", type=int, help="round trips of plain and singles in turns (600; 0: none)"
     )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--trace-sample",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="the cleveragents worker traces (the otel extra), sampling RATIO of the traces "
+        "(0.01: 1%%), exporting over OTLP/HTTP to a local sink",
+    )
     parser.add_argument(
         "--ablate",
         default="",

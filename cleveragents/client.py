@@ -49,6 +49,7 @@ from cleveragents.messages import (
     request_payload,
     result_from_stored,
     result_payload,
+    stored_payload,
 )
 from cleveragents.pipeline.binding import RequestIdReused, request_digest, reused_result
 from cleveragents.runtime.invoke import parse_request
@@ -57,6 +58,7 @@ from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from cleveragents.stores import BatchLedger, ResultStore, Stores, open_stores
 from cleveragents.stores.result_meta import refused_for_writes
+from cleveragents.traces.carriers import carrier_of, current_carrier
 
 __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
 
@@ -162,6 +164,9 @@ class SkillClient:
                 else base.result_backend,
             )
         self.settings = base
+        #: The trace its messages join when the application has no current span (the
+        #: CLI sets the one its ``TRACEPARENT`` names): W3C fields, {} for none.
+        self.trace_context: dict[str, str] = {}
         # Private Celery and kombu code only on the series it was written for: kombu's
         # own transport outside it, or no client at all (broker/internals.py).
         _warn_once(internals.check("producer", broker_of(base)).warnings)
@@ -266,7 +271,19 @@ class SkillClient:
         )
         return [b is not None and b != d for b, d in zip(before, digests, strict=True)]
 
-    def send(self, request: SkillInvocationRequest, *, skip_if_done: bool = True) -> Any:
+    def trace_headers(self, trace: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The trace context a message carries: ``trace`` (an MCP call's ``_meta``), else
+        the application's current span (OpenTelemetry), else ``trace_context`` (the
+        CLI's ``TRACEPARENT``); {} when there is none."""
+        return carrier_of(trace) or current_carrier() or self.trace_context
+
+    def send(
+        self,
+        request: SkillInvocationRequest,
+        *,
+        skip_if_done: bool = True,
+        trace: Mapping[str, str] | None = None,
+    ) -> Any:
         """Publish one request on its queue (writes travel on the write queue).
 
         With ``skip_if_done`` a request id that already has a stored result (that
@@ -292,7 +309,7 @@ class SkillClient:
             queue=QUEUE_WRITE if request.allow_writes else QUEUE_READ,
             argsrepr=redacted_repr(payload),
             kwargsrepr="{}",
-            headers={SENT_AT_HEADER: time.time()},
+            headers={SENT_AT_HEADER: time.time(), **self.trace_headers(trace)},
         )
 
     def _send_task(self, name: str, **options: Any) -> Any:
@@ -333,7 +350,7 @@ class SkillClient:
         """
         payloads = [request_payload(r) for r in requests]
         writes = any(r.allow_writes for r in requests)
-        headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
+        headers: dict[str, Any] = {SENT_AT_HEADER: time.time(), **self.trace_headers()}
         if context is not None:
             headers[BATCH_HEADER] = context.header()
         sent = self._send_task(
@@ -497,6 +514,17 @@ class SkillClient:
                 return None
             return result_from_stored(meta.get("result"), request_id)
         return None
+
+    def trace_id(self, request_id: str) -> str | None:
+        """The trace id a traced worker stored with the result (None: none stored)."""
+        try:
+            meta = self.app.backend.get_task_meta(request_id)
+        except ValueError:  # a file store read mid-write
+            return None
+        if meta.get("status") not in ("SUCCESS", "FAILURE"):
+            return None
+        found = stored_payload(meta.get("result"), request_id).get("trace_id")
+        return found if isinstance(found, str) else None
 
     def _no_result(self, request_id: str, timeout: float) -> str:
         """What a time-out says: the request id, and what to check."""

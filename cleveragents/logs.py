@@ -8,6 +8,7 @@ from typing import Any
 
 from cleveragents.runtime.text import json_text
 from cleveragents.skills import SkillResult
+from cleveragents.traces.carriers import current_trace_id
 
 __all__ = ["INVOCATION_LOGGER", "JsonFormatter", "invocation_fields", "log_invocation"]
 
@@ -29,6 +30,9 @@ def invocation_fields(request_id: str, result: SkillResult) -> dict[str, Any]:
     reason = error.details.get("reason") if error is not None else None
     if isinstance(reason, str):  # a refusal's or a limit's name: request_id_reused, poison_message
         fields["reason"] = reason[:64]
+    trace_id = current_trace_id()
+    if trace_id is not None:  # jump from the line to the trace
+        fields["trace_id"] = trace_id
     return fields
 
 

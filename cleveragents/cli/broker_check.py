@@ -10,6 +10,7 @@ The library keeps riding out restarts (it logs that it does: ``cleveragents.stor
 
 from __future__ import annotations
 
+import os
 import time
 
 import kombu
@@ -21,6 +22,7 @@ from kombu.utils.url import maybe_sanitize_url
 from cleveragents.cli.render import CliFailure
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
+from cleveragents.traces.carriers import carrier_of
 
 __all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]
 
@@ -101,4 +103,9 @@ def cli_client(settings: Settings | None = None) -> SkillClient:
     """A ``SkillClient`` for a CLI command, once the Redis it uses answers."""
     settings = settings or Settings.from_env()
     require_reachable(settings)
-    return SkillClient(settings=settings)
+    client = SkillClient(settings=settings)
+    # The trace a CI job or a wrapper names (TRACEPARENT, TRACESTATE): its invocations join it
+    client.trace_context = carrier_of(
+        {"traceparent": os.environ.get("TRACEPARENT"), "tracestate": os.environ.get("TRACESTATE")}
+    )
+    return client

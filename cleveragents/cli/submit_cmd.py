@@ -70,10 +70,14 @@ def local_worker_if_embedded(settings: Settings) -> Iterator[LocalWorker | None]
         yield local
 
 
-def show_result(result: SkillResult, request_id: str, as_json: bool) -> None:
-    """Print a result for people, or as one JSON object; exit 1 when it failed."""
+def show_result(
+    result: SkillResult, request_id: str, as_json: bool, trace_id: str | None = None
+) -> None:
+    """Print a result for people, or as one JSON object (with the ``trace_id`` of its
+    span, where a traced worker stored one); exit 1 when it failed."""
     if as_json:
-        print_json(result_payload(result, request_id))
+        payload = result_payload(result, request_id)
+        print_json({**payload, "trace_id": trace_id} if trace_id else payload)
     elif result.success:
         click.echo(json_text(result.output_data))
         for change in result.resource_changes:
@@ -212,7 +216,8 @@ def submit(
             else:
                 click.echo(request.request_id)
             return
-        show_result(outcome, request.request_id, as_json)
+        trace_id = client.trace_id(request.request_id) if as_json else None
+        show_result(outcome, request.request_id, as_json, trace_id)
 
 
 @click.command()
@@ -240,7 +245,8 @@ def result(request_id: str, wait: bool, timeout: float | None, as_json: bool) ->
                 outcome = _wait(client, request_id, timeout)
         else:
             _not_yet(client, request_id, state, as_json)
-        show_result(outcome, request_id, as_json)
+        trace_id = client.trace_id(request_id) if as_json else None
+        show_result(outcome, request_id, as_json, trace_id)
 
 
 def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) -> NoReturn:

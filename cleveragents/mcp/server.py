@@ -48,6 +48,7 @@ from cleveragents.mcp.naming import ToolRoute, ToolTable
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
+from cleveragents.traces.carriers import carrier_of
 
 __all__ = ["PROGRESS_INTERVAL_S", "SERVER_NAME", "FleetTools", "build_server"]
 
@@ -123,16 +124,24 @@ class FleetTools:
         except SchemaValidationError as exc:
             kind = SkillErrorType.VALIDATION_ERROR
             return call_result(failed_result(route.skill, route.tool, kind, str(exc)), None)
-        outcome = await self._run(ctx, route, request)
+        # The trace the call's _meta names (traceparent, tracestate): the invocation joins it
+        trace = carrier_of(params.meta or {})
+        outcome = await self._run(ctx, route, request, trace)
         if isinstance(outcome, types.CallToolResult):
             return outcome
         return call_result(outcome, request.request_id)
 
     async def _run(
-        self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request: SkillInvocationRequest
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        route: ToolRoute,
+        request: SkillInvocationRequest,
+        trace: dict[str, str] | None = None,
     ) -> SkillResult | types.CallToolResult:
         try:
-            await anyio.to_thread.run_sync(lambda: self.client.send(request, skip_if_done=False))
+            await anyio.to_thread.run_sync(
+                lambda: self.client.send(request, skip_if_done=False, trace=trace)
+            )
             log.info("call %s: invocation %s sent", route.name, request.request_id)
             return await self._wait(ctx, route, request)
         except anyio.get_cancelled_exc_class():

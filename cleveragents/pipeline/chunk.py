@@ -276,6 +276,16 @@ class _Slice:
         return through
 
     def _run(self, body: Any, rid: str) -> SkillResult | None:
+        """One line's result, inside its span where the worker traces (``line_span``)."""
+        spans = self.pipeline.line_span
+        if spans is None:
+            return self._run_line(body, rid)
+        with spans(body, rid) as record:
+            result = self._run_line(body, rid)
+            record(result, None if result is not None else "sent back")
+            return result
+
+    def _run_line(self, body: Any, rid: str) -> SkillResult | None:
         """One line's result; None where it went back to the broker on its own, to wait
         for its tool's limits or for its retry, or waits for approval (a chunk never
         waits on one line)."""

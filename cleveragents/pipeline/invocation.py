@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,10 @@ __all__ = ["Observer", "Pipeline", "execute"]
 
 #: Told of every finished invocation (a worker logs its line and counts it).
 Observer = Callable[[str, SkillResult], None]
+#: A batch line's span (``Pipeline.line_span``).
+LineSpan = Callable[
+    [Any, str], AbstractContextManager[Callable[[SkillResult | None, str | None], None]]
+]
 
 
 def _unobserved(request_id: str, result: SkillResult) -> None:
@@ -54,6 +59,9 @@ class Pipeline:
     approvals: ApprovalGate | None = None
     #: Where write-capable invocations leave their audit events (None: nowhere).
     audit: AuditLog | None = None
+    #: The span of one batch line (body, request id), where the worker traces: it yields
+    #: the function that records the line's result (or what happened instead).
+    line_span: LineSpan | None = None
 
     @classmethod
     def over(
@@ -68,6 +76,7 @@ class Pipeline:
         limit_gate: LimitGate | None = None,
         on_wait: Callable[[str, str, float], None] = _no_wait,
         approvals: ApprovalGate | None = None,
+        line_span: LineSpan | None = None,
     ) -> Pipeline:
         """A pipeline whose guard, results and audit log live in ``stores``."""
         return cls(
@@ -82,6 +91,7 @@ class Pipeline:
             on_wait=on_wait,
             approvals=approvals,
             audit=stores.audit,
+            line_span=line_span,
         )
 
     def policy_tool(self, body: Any) -> ToolPolicies | None:

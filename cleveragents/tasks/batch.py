@@ -32,6 +32,8 @@ from cleveragents.pipeline import execute_chunk
 from cleveragents.tasks.events import ItemEvents
 from cleveragents.tasks.invoke import redelivered
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, WAITS_HEADER
+from cleveragents.tasks.traced import message_carrier
+from cleveragents.traces.switch import tracing_on
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
 
@@ -61,7 +63,8 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
         requeued.append(len(rest))
         _requeue(self, rest, context, start, rest_id)
 
-    report = execute_chunk(
+    run = partial(
+        execute_chunk,
         state.pipeline(self.app.backend),
         bodies,
         chunk_id=self.request.id or "",
@@ -71,6 +74,13 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
         others_waiting=interactive_waiting(self.app),
         defer=partial(_defer, self),
     )
+    if tracing_on():  # each line a span in the trace the chunk's message names
+        from cleveragents.traces import otel
+
+        with otel.attached(message_carrier(self)):
+            report = run()
+    else:
+        report = run()
     place = {} if context is None else context.summary()
     return {**place, **report.as_dict(), "failed": failures.failed, "requeued": sum(requeued)}
 
@@ -80,7 +90,8 @@ def _requeue(
 ) -> None:
     queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
     sent_at = getattr(task.request, SENT_AT_HEADER, None) or time.time()
-    headers: dict[str, Any] = {SENT_AT_HEADER: sent_at}  # its age counts from the first sending
+    headers: dict[str, Any] = {SENT_AT_HEADER: sent_at, **message_carrier(task)}  # its age
+    # counts from the first sending; it stays in the chunk's trace
     rest_context = None if context is None else context.rest(start, len(rest))
     if rest_context is not None:
         headers[BATCH_HEADER] = rest_context.header()
@@ -107,7 +118,7 @@ def _defer(task: Task[Any, Any], body: Any, request_id: str, delay_s: float, ret
         queue=queue,
         countdown=max(0.0, min(delay_s, MAX_LIMIT_WAIT_S) if not retry else delay_s),
         retries=1 if retry else 0,
-        headers={WAITS_HEADER: 0 if retry else 1},
+        headers={WAITS_HEADER: 0 if retry else 1, **message_carrier(task)},
         argsrepr=redacted_repr(body) if isinstance(body, dict) else "[redacted]",
         kwargsrepr="{}",
     )

@@ -22,6 +22,8 @@ from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
 from cleveragents.tasks.events import tell_flower_later
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
+from cleveragents.tasks.traced import Recorder, traced_invoke, with_trace_id
+from cleveragents.traces.switch import tracing_on
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
 
@@ -72,6 +74,14 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one skill invocation; a failed one is raised so Flower shows it as failed."""
     task_id = self.request.id or ""
     body = _request_from_args(args, kwargs, task_id)
+    if not tracing_on():
+        return _invoke(self, body, task_id)
+    return traced_invoke(self, body, task_id, _invoke)
+
+
+def _invoke(
+    self: Task[Any, Any], body: Any, task_id: str, record: Recorder | None = None
+) -> dict[str, Any]:
     pipeline = state.pipeline(self.app.backend)
     found = pipeline.policy_tool(body) if task_id else None
     permits = _permits(self, pipeline, found)
@@ -79,6 +89,8 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         result = _run(self, pipeline, body, task_id)
     except AwaitingApproval as parked:  # in the approval store: no process waits for it
         _say_parked(self, parked)
+        if record is not None:
+            record(None, "awaiting_approval")
         raise Ignore() from None
     finally:
         for permit in permits:
@@ -93,6 +105,9 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         result = with_attempts(result, attempt)
     pipeline.observe(task_id, result)
     payload = result_payload(result, task_id)
+    if record is not None:
+        record(result, None)
+        payload = with_trace_id(payload)
     if not result.success:
         # Flower shows the summary: argument strings a tool's message quotes are blanked.
         arguments = body.get("arguments") if isinstance(body, dict) else None

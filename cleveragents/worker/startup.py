@@ -133,6 +133,15 @@ def _close_mcp_sessions(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 @worker_shutdown.connect
+def _flush_spans(**_: Any) -> None:
+    # A pool process leaves by os._exit: the spans its batch processor holds go now.
+    otel = sys.modules.get("cleveragents.traces.otel")
+    if otel is not None:
+        otel.flush()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
 def _flush_metrics(**_: Any) -> None:
     # A pool process that leaves (warm shutdown, max tasks per child) and the main
     # process (it counts invocations the hard time limit ended) flush what they counted

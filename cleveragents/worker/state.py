@@ -14,10 +14,12 @@ from cleveragents.metrics import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
 from cleveragents.pipeline.limits import FileLimitGate, LimitGate, RedisLimitGate
 from cleveragents.runtime.kinds import load_tool_kinds
+from cleveragents.runtime.outcomes import names_of
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import RedisGuardStore, open_stores
 from cleveragents.stores.key_sweep import KeySweep
+from cleveragents.traces.switch import tracing_on
 from cleveragents.worker.approval_sweep import ApprovalSweep
 from cleveragents.worker.invocation_report import WorkerObserver
 
@@ -101,8 +103,17 @@ def pipeline(backend: Any) -> Pipeline:
                         for_writes=state.settings.approval_for_writes,
                         on_park=lambda parked: _store_awaiting(backend, parked),
                     ),
+                    line_span=_line_span if tracing_on() else None,
                 )
     return _pipeline
+
+
+def _line_span(body: Any, request_id: str) -> Any:
+    """A batch line's span (``Pipeline.line_span``), in the chunk's trace."""
+    from cleveragents.traces import otel  # only where this process traces
+
+    skill, tool = names_of(body)
+    return otel.tool_span(skill, tool, request_id, batch_line=True)
 
 
 def awaiting_meta(resolution: Resolution) -> dict[str, Any]:
@@ -160,7 +171,8 @@ def start_approval_sweep(app: Any) -> None:
     worker's main process, once)."""
     gate = pipeline(app.backend).approvals
     if gate is not None:
-        ApprovalSweep(app, gate.store, gate.ttl_s).start()
+        read_only = current().settings.read_only
+        ApprovalSweep(app, gate.store, gate.ttl_s, read_only=read_only).start()
 
 
 def close_metrics(wait_s: float = CLOSE_WAIT_S) -> None:

@@ -160,8 +160,10 @@ def test_workers_get_the_settings_of_env_example_and_the_same_defaults_without_t
     # that an .env without the line behaves the same.
     example = _user_env()
     assert set(WORKER_SETTINGS) == {
-        key for key in example if key.startswith("CLEVERAGENTS_") and key != "CLEVERAGENTS_IMAGE"
-    }, "a CLEVERAGENTS_* setting of .env.example that no worker gets"
+        key
+        for key in example
+        if key.startswith(("CLEVERAGENTS_", "OTEL_")) and key != "CLEVERAGENTS_IMAGE"
+    }, "a CLEVERAGENTS_* or OTEL_* setting of .env.example that no worker gets"
     without = {key: value for key, value in example.items() if key not in WORKER_SETTINGS}
     for name in ("worker", "worker-readonly"):
         given = _container_env(_services()[name])

@@ -61,6 +61,11 @@ WORKER_SETTINGS = (
     "CLEVERAGENTS_VISIBILITY_TIMEOUT_S",
     "CLEVERAGENTS_RESULT_EXPIRES_S",
     "CLEVERAGENTS_LOG_FORMAT",
+    # Traces: off unless OTEL_TRACES_EXPORTER says where spans go (the traces profile)
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_SAMPLER",
 )
 #: Every variable each app service's container gets: what it needs, nothing more.
 SERVICE_ENVIRONMENT = {

@@ -50,6 +50,7 @@ from cleveragents.runtime.kinds.mcp_sessions import (
 from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
+from cleveragents.traces.carriers import current_carrier
 
 __all__ = ["KIND", "McpKind", "check_mcp_tool", "output_of", "run_mcp_tool", "server_of"]
 
@@ -209,7 +210,9 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
     remote = tool.options["remote_tool"]
     _missing_header_variables(tool, server)
     try:
-        result = sessions().call(server, remote, arguments, timeout_s, max_output_bytes())
+        # The invocation's trace context travels on: a server that traces joins the trace
+        meta = current_carrier() or None
+        result = sessions().call(server, remote, arguments, timeout_s, max_output_bytes(), meta)
     except _CALL_FAILURES as exc:
         raise _failure(exc, tool, server, arguments, timeout_s) from None
     if result.is_error:

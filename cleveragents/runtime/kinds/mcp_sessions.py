@@ -333,11 +333,12 @@ class SessionPool:
         arguments: dict[str, Any],
         timeout_s: float,
         limit_bytes: int | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> types.CallToolResult:
         """Call tool ``name`` of the server ``spec`` within ``timeout_s``.
 
         ``limit_bytes``: the most the server may send during the call (None: the process's
-        default output limit).
+        default output limit). ``meta``: the request's ``_meta`` (a trace context).
 
         Raises:
             ServerUnavailable: the server did not start, or not in time.
@@ -348,7 +349,7 @@ class SessionPool:
         """
         limit = default_output_limit() if limit_bytes is None else limit_bytes
         future = asyncio.run_coroutine_threadsafe(
-            self._call(spec, name, arguments, timeout_s, limit), self._loop
+            self._call(spec, name, arguments, timeout_s, limit, meta), self._loop
         )
         try:
             return future.result(timeout_s + _BACKSTOP_S)
@@ -358,40 +359,57 @@ class SessionPool:
             future.cancel()  # a caller interrupted (a signal) takes its call with it
 
     async def _call(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], timeout_s: float, limit: int
+        self,
+        spec: ServerSpec,
+        name: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        limit: int,
+        meta: dict[str, Any] | None = None,
     ) -> types.CallToolResult:
         deadline = anyio.current_time() + timeout_s
         try:
-            return await self._call_once(spec, name, arguments, deadline, limit)
+            return await self._call_once(spec, name, arguments, deadline, limit, meta)
         except _SessionExpired:
             # MCP: a 404 for a session means the server no longer knows it (it restarted)
             # and did not run the request; the client starts a new session. Once.
             pass
         try:
-            return await self._call_once(spec, name, arguments, deadline, limit)
+            return await self._call_once(spec, name, arguments, deadline, limit, meta)
         except _SessionExpired as exc:
             raise exc.error from None
 
     async def _call_once(
-        self, spec: ServerSpec, name: str, arguments: dict[str, Any], deadline: float, limit: int
+        self,
+        spec: ServerSpec,
+        name: str,
+        arguments: dict[str, Any],
+        deadline: float,
+        limit: int,
+        meta: dict[str, Any] | None = None,
     ) -> types.CallToolResult:
         connection = self._connection(spec)
         with connection.meter.call(limit) as call:
             try:
-                return await self._call_on(connection, name, arguments, deadline)
+                return await self._call_on(connection, name, arguments, deadline, meta)
             except Exception:  # whatever the session made of it: the answer was too large
                 if connection.meter.over(call):
                     raise AnswerTooLarge(limit) from None
                 raise
 
     async def _call_on(
-        self, connection: _Connection, name: str, arguments: dict[str, Any], deadline: float
+        self,
+        connection: _Connection,
+        name: str,
+        arguments: dict[str, Any],
+        deadline: float,
+        meta: dict[str, Any] | None = None,
     ) -> types.CallToolResult:
         spec = connection.spec
         session = await self._started(connection, deadline - anyio.current_time())
         try:
             with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
-                result = await session.call_tool(name, arguments)
+                result = await session.call_tool(name, arguments, meta=meta or None)  # type: ignore[arg-type]
         except TimeoutError:
             raise CallTimedOut from None
         except MCPError as exc:
