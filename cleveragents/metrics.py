@@ -99,6 +99,8 @@ REASONS = frozenset(
         "revoked",  # an invocation revoked before it ended
         "cancelled",  # an invocation cancelled before it started
         "retried",  # an attempt that failed for a reason that may pass, tried again
+        "approval_rejected",  # a person rejected it (docs/approvals.md)
+        "approval_expired",  # nobody decided within CLEVERAGENTS_APPROVAL_TTL_S
     }
 )
 OTHER_REASON = "other"

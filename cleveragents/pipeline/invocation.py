@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from cleveragents.approvals.gate import ApprovalGate
@@ -140,10 +141,13 @@ class Pipeline:
         audit events (``first``: the invocation's first delivery; ``asked_by``: who
         sent it, where known).
         """
-        trail = self._trail(body, request_id, first) if request_id else None
+        trails: list[WriteTrail] = []  # the delivery's audit trail, once its tool is known
         hooks = RunHooks(
-            before_start=self._approval_hook(body, request_id, trail, asked_by),
-            on_start=trail.on_start if trail is not None else None,
+            on_found=partial(self._open_trail, trails, body, request_id, first)
+            if request_id and self.audit is not None
+            else None,
+            before_start=self._approval_hook(body, request_id, trails, asked_by),
+            on_start=lambda *_: trails[0].on_start() if trails else None,
         )
         try:
             result = run_invocation(
@@ -156,28 +160,32 @@ class Pipeline:
                 hooks=hooks,
             )
         except AwaitingApproval:
-            if trail is not None:
-                trail.flush()
+            if trails:
+                trails[0].flush()
             raise
-        if trail is not None:
-            trail.ended(result)
+        if trails:
+            trails[0].ended(result)
         return result
 
-    def _trail(self, body: Any, request_id: str, first: bool) -> WriteTrail | None:
-        """The audit trail of this delivery, when its tool is a write or needs approval."""
-        found = self.policy_tool(body)
-        if self.audit is None or found is None:
-            return None
-        tool = found.tool
+    def _open_trail(
+        self,
+        trails: list[WriteTrail],
+        body: Any,
+        request_id: str,
+        first: bool,
+        request: SkillInvocationRequest,
+        tool: ToolSpec,
+    ) -> None:
+        """Open the delivery's audit trail when its tool is a write or needs approval."""
         gated = self.approvals is not None and self.approvals.needs(tool)
-        if not (tool.write_capable or gated):
-            return None
+        if self.audit is None or not (tool.write_capable or gated):
+            return
         digest = content_digest(body)
-        skill = str(body.get("skill"))  # the skill the request named
-        return WriteTrail(self.audit, request_id, skill, tool.name, digest, first=first)
+        trail = WriteTrail(self.audit, request_id, request.skill, tool.name, digest, first=first)
+        trails.append(trail)
 
     def _approval_hook(
-        self, body: Any, request_id: str, trail: WriteTrail | None, asked_by: str | None
+        self, body: Any, request_id: str, trails: list[WriteTrail], asked_by: str | None
     ) -> Callable[[SkillInvocationRequest, ToolSpec], None] | None:
         gate = self.approvals
         if gate is None or not request_id or not isinstance(body, dict):
@@ -187,8 +195,8 @@ class Pipeline:
             if not gate.needs(tool):
                 return
             resolution = gate.resolve(request_id, body, tool, content_digest(body), asked_by)
-            if trail is not None:
-                trail.approval(resolution)
+            if trails:
+                trails[0].approval(resolution)
             gate.enforce(resolution)
 
         return before_start

@@ -66,12 +66,15 @@ _ACTIONS = frozenset({"created", "changed", "deleted"})
 class RunHooks:
     """What a worker does around a run, beyond the write claim (``before_write``).
 
-    ``before_start`` is called once the gates and validation passed, before the
-    claim: what it raises becomes the result and the tool does not start, but for
-    ``AwaitingApproval``, which ``invoke`` raises (the invocation is parked, it has
-    no result). ``on_start`` is called right before the tool starts.
+    ``on_found`` is called once the tool is found, before its gates (the catalogue is
+    asked once per run: the caller learns the tool here). ``before_start`` is called
+    once the gates and validation passed, before the claim: what it raises becomes
+    the result and the tool does not start, but for ``AwaitingApproval``, which
+    ``invoke`` raises (the invocation is parked, it has no result). ``on_start`` is
+    called right before the tool starts.
     """
 
+    on_found: RunHook | None = None
     before_start: RunHook | None = None
     on_start: RunHook | None = None
 
@@ -307,6 +310,8 @@ def _execute(
     hooks: RunHooks,
 ) -> tuple[Any, list[dict[str, Any]]]:
     tool = entry.tool
+    if hooks.on_found is not None:
+        hooks.on_found(request, tool)
     check_write_gates(definition, tool, allow_writes=request.allow_writes, read_only=read_only)
     validate(tool.input_schema, request.arguments, root="arguments", source="tool input_schema")
     validate(

@@ -194,7 +194,7 @@ class _StubQueue:
     def build_request(self, *args: Any, **kwargs: Any) -> Any:
         return SkillClient.build_request(cast(SkillClient, self), *args, **kwargs)
 
-    def send(self, request: Any, *, skip_if_done: bool = True) -> None:
+    def send(self, request: Any, *, skip_if_done: bool = True, trace: Any = None) -> None:
         self.sent.append(request.request_id)
 
     def get(self, request_id: str) -> SkillResult | None:
