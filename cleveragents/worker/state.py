@@ -113,7 +113,7 @@ def _line_span(body: Any, request_id: str) -> Any:
     from cleveragents.traces import otel  # only where this process traces
 
     skill, tool = names_of(body)
-    return otel.tool_span(skill, tool, request_id, batch_line=True)
+    return otel.line_span(skill, tool, request_id)
 
 
 def awaiting_meta(resolution: Resolution) -> dict[str, Any]:
