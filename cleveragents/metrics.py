@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from cleveragents.constants import (
+    APPROVAL_INDEX_KEY,
     QUEUE_BATCH,
     QUEUE_BATCH_WRITE,
     QUEUE_READ,
@@ -108,6 +109,10 @@ OTHER_REASON = "other"
 #: the milliseconds waited (three labels: no invocation series has that many).
 _WAITS = "limit_wait"
 _WAITED_MS = "limit_wait_ms"
+#: First label of the fields that count approvals (skill, tool, outcome: four labels).
+_APPROVALS = "approval"
+#: What became of a parked invocation, each counted once: parked, then one of the others.
+APPROVAL_OUTCOMES = ("parked", "approved", "rejected", "expired")
 #: The invocation series (outcome, error_type, reason) every catalogue tool starts
 #: at zero: success and the failures a known tool can have.
 ZERO_SERIES = (
@@ -214,6 +219,17 @@ class MetricsRecorder:
             counts.invocations[json.dumps([_WAITED_MS, shown_skill, shown_tool])] += max(
                 0, round(seconds * 1000)
             )
+        self._ensure_flusher()
+
+    def record_approval(self, skill: str, tool: str, outcome: str) -> None:
+        """Count an invocation parked for approval, or settled (approved, rejected, expired)."""
+        if outcome not in APPROVAL_OUTCOMES:
+            return
+        self._own_process()
+        shown_skill, shown_tool = self._labels(skill, tool)
+        with self._lock:
+            key = json.dumps([_APPROVALS, shown_skill, shown_tool, outcome])
+            self._counts.invocations[key] += 1
         self._ensure_flusher()
 
     def _series(self, labels: tuple[str, str, str, str, str], bucket: str) -> tuple[str, str, str]:
@@ -398,7 +414,39 @@ def render(redis: Any, queues: QueueGauges | None = None) -> str:
     lines += _invocations(counts)
     lines += _histogram(counts)
     lines += _waits(counts)
+    lines += _approvals(counts, redis, now)
     return "\n".join(lines) + "\n"
+
+
+def _approvals(counts: MetricCounts, redis: Any, now: float) -> list[str]:
+    """Approvals by outcome, and how long the oldest parked invocation has waited."""
+    found: Counter[tuple[str, str, str]] = Counter()
+    for field, count in counts.invocations.items():
+        names = _fields(field, 4)
+        if names is not None and names[0] == _APPROVALS:
+            found[(names[1], names[2], names[3])] += int(count)
+    lines = [
+        "# HELP cleveragents_approvals_oldest_waiting_seconds How long the invocation waiting "
+        "longest for a person's approval has waited (0: none waits).",
+        "# TYPE cleveragents_approvals_oldest_waiting_seconds gauge",
+        f"cleveragents_approvals_oldest_waiting_seconds {_oldest_parked_s(redis, now):.3f}",
+    ]
+    if not found:
+        return lines
+    lines += [
+        "# HELP cleveragents_approvals_total Invocations parked for approval, and how each "
+        "ended: approved, rejected, expired.",
+        "# TYPE cleveragents_approvals_total counter",
+    ]
+    for (skill, tool, outcome), count in sorted(found.items()):
+        text = _labels(skill=skill, tool=tool, outcome=outcome)
+        lines.append(f"cleveragents_approvals_total{text} {count}")
+    return lines
+
+
+def _oldest_parked_s(redis: Any, now: float) -> float:
+    first = redis.zrange(APPROVAL_INDEX_KEY, 0, 0, withscores=True)
+    return max(0.0, now - float(first[0][1])) if first else 0.0
 
 
 def _waits(counts: MetricCounts) -> list[str]:

@@ -53,6 +53,8 @@ class ApprovalGate:
     #: Told of every delivery that leaves its invocation parked (the worker stores its
     #: ``AWAITING_APPROVAL`` state there).
     on_park: Callable[[Resolution], None] = _no_park
+    #: Told once of each change: parked now, or settled now (the worker counts them).
+    on_change: Callable[[Resolution], None] = _no_park
 
     def needs(self, tool: ToolSpec) -> bool:
         return needs_approval(tool, self.for_writes)
@@ -74,7 +76,10 @@ class ApprovalGate:
             body={**body, "request_id": request_id},
             asked_by=asked_by,
         )
-        return self.store.resolve(asked, self.ttl_s)
+        resolution = self.store.resolve(asked, self.ttl_s)
+        if resolution.changed:
+            self.on_change(resolution)
+        return resolution
 
     def enforce(self, resolution: Resolution) -> None:
         """Return when the invocation may run (approved).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cleveragents.approvals.model import WAITING, Resolution
 from cleveragents.logs import log_invocation
 from cleveragents.metrics import CLOSE_WAIT_S, MetricsRecorder
 from cleveragents.skills import Catalogue, SkillResult
@@ -44,6 +45,12 @@ class WorkerObserver:
     def waited(self, skill: str, tool: str, seconds: float) -> None:
         """An invocation was sent back to wait ``seconds`` for its tool's limits."""
         self.recorder.record_wait(skill, tool, seconds)
+
+    def approval(self, resolution: Resolution) -> None:
+        """An invocation parked for approval now, or settled now."""
+        record = resolution.record
+        outcome = "parked" if resolution.state == WAITING else resolution.state
+        self.recorder.record_approval(record.skill, record.tool, outcome)
 
     def start(self) -> None:
         """Start every catalogue tool's series at zero (once per worker, at its start)."""

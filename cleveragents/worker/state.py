@@ -102,6 +102,7 @@ def pipeline(backend: Any) -> Pipeline:
                         ttl_s=state.settings.approval_ttl_s,
                         for_writes=state.settings.approval_for_writes,
                         on_park=lambda parked: _store_awaiting(backend, parked),
+                        on_change=_observer.approval,
                     ),
                     line_span=_line_span if tracing_on() else None,
                 )
