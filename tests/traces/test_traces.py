@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,9 +56,7 @@ def word_count_tool() -> str:
 
 def _clean_env() -> dict[str, str]:
     return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("CLEVERAGENTS_", "OTEL_", "TRACE"))
+        k: v for k, v in os.environ.items() if not k.startswith(("CLEVERAGENTS_", "OTEL_", "TRACE"))
     }
 
 
@@ -235,3 +234,22 @@ def test_each_batch_line_is_a_span_in_the_batchs_trace(
     assert {s.trace_id for s in spans} == {format(context.trace_id, "032x")}
     assert {s.parent_span_id for s in spans} == {format(context.span_id, "016x")}
     assert all(s.attributes["cleveragents.batch_line"] is True for s in spans)
+
+
+def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
+    redis_url: str, start_worker: Callable[..., Worker], receiver: OtlpReceiver
+) -> None:
+    env = {**receiver.env(), "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    start_worker(redis_url, **env)
+    lines = [
+        {"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": f"{n}"}}
+        for n in range(20)
+    ]
+    with SkillClient(settings=Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})) as client:
+        assert all(r.success for r in client.run_many(lines))
+        # A single invocation is still a (dropped) span: nothing is exported either
+        assert (
+            client.submit("local/text-tools", "local/word-count", {"text": "x"}).result(60).success
+        )
+    time.sleep(1.0)  # the batch processor exports every 100 ms here
+    assert receiver.named("execute_tool") == []
