@@ -42,8 +42,9 @@ def local_user() -> str:
 class ApprovalDesk:
     """Lists, shows and decides parked invocations; ``send`` publishes a request."""
 
-    def __init__(self, store: ApprovalStore, send: Callable[[SkillInvocationRequest], Any]) -> None:
+    def __init__(self, store: ApprovalStore, send: Callable[..., Any]) -> None:
         self.store = store
+        #: ``send(request, trace=...)`` publishes it, in the trace its record carries.
         self.send = send
 
     def pending(self, limit: int = 1000) -> list[Parked]:
@@ -82,5 +83,5 @@ class ApprovalDesk:
         who = (by or "").strip()[:MAX_BY_CHARS] or local_user()
         said = (reason or "").strip()[:MAX_REASON_CHARS] or None
         record, decision = self.store.decide(request_id, Decision(outcome, who, said))
-        self.send(SkillInvocationRequest.model_validate(record.body))
+        self.send(SkillInvocationRequest.model_validate(record.body), trace=record.trace)
         return decision

@@ -12,7 +12,7 @@ ends as ``permission_denied``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,7 @@ class ApprovalGate:
         tool: ToolSpec,
         digest: str,
         asked_by: str | None,
+        trace: Mapping[str, str] | None = None,
     ) -> Resolution:
         """Park this delivery's invocation, or find what became of it (one round trip)."""
         asked = Parked(
@@ -75,6 +76,7 @@ class ApprovalGate:
             digest=digest,
             body={**body, "request_id": request_id},
             asked_by=asked_by,
+            trace=dict(trace) if trace else None,
         )
         resolution = self.store.resolve(asked, self.ttl_s)
         if resolution.changed:

@@ -65,6 +65,9 @@ class Parked:
     asked_at: float = 0.0
     expires_at: float = 0.0
     state: str = WAITING
+    #: The trace context its message carried (``traceparent``, ``tracestate``): the run
+    #: a decision sends on joins the submitter's trace, not the approver's.
+    trace: dict[str, str] | None = None
 
     def encode(self) -> str:
         """The record as JSON, without its times and state (kept beside it)."""

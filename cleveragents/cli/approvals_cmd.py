@@ -62,7 +62,10 @@ def list_approvals(as_json: bool) -> None:
         click.echo("no invocation waits for approval", err=True)
         return
     table = Table(title=f"{len(waiting)} waiting for approval", title_justify="left")
-    for column in ("request id", "skill", "tool", "age", "asked by"):
+    widest = max(len(record.request_id) for record in waiting)
+    # An id is copied whole into `approve`: the other columns give way, never the id.
+    table.add_column("request id", min_width=widest, no_wrap=True, overflow="fold")
+    for column in ("skill", "tool", "age", "asked by"):
         table.add_column(column)
     for record in waiting:
         age = _age(now - record.asked_at)
@@ -155,8 +158,10 @@ def parse_since(text: str) -> dt.datetime:
 def audit(as_json: bool, request_id: str | None, since: str | None) -> None:
     """The audit trail of writes, oldest first: never an argument value."""
     after = parse_since(since) if since else None
+    shown = 0
     with cli_client(Settings.from_env()) as client:
         for record in client.audit(request_id=request_id, since=after):
+            shown += 1
             if as_json:
                 print_json(record)
                 continue
@@ -167,3 +172,7 @@ def audit(as_json: bool, request_id: str | None, since: str | None) -> None:
             )
             line = f"{record.get('at')}  {record.get('event'):<17} {record.get('request_id')}  "
             click.echo(f"{line}{record.get('skill')} / {record.get('tool')}  {extra}".rstrip())
+    if not shown and not as_json:
+        which = f" of {request_id}" if request_id else ""
+        when = f" since {since}" if since else ""
+        click.echo(f"no write events{which}{when} in the audit trail", err=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import click
 import kombu
 import redis
 from amqp.exceptions import AccessRefused, AMQPError, NotAllowed
@@ -105,7 +106,13 @@ def cli_client(settings: Settings | None = None) -> SkillClient:
     require_reachable(settings)
     client = SkillClient(settings=settings)
     # The trace a CI job or a wrapper names (TRACEPARENT, TRACESTATE): its invocations join it
-    client.trace_context = carrier_of(
-        {"traceparent": os.environ.get("TRACEPARENT"), "tracestate": os.environ.get("TRACESTATE")}
-    )
+    named = os.environ.get("TRACEPARENT")
+    given = {"traceparent": named, "tracestate": os.environ.get("TRACESTATE")}
+    client.trace_context = carrier_of(given)
+    if named and not client.trace_context:
+        click.echo(
+            "warning: TRACEPARENT is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>):"
+            " the invocations start traces of their own",
+            err=True,
+        )
     return client

@@ -12,6 +12,7 @@ from cleveragents.pipeline.chunk import (
     ItemFailure,
     ReportFailures,
     Requeue,
+    Sender,
     execute_chunk,
 )
 from cleveragents.pipeline.invocation import Observer, Pipeline, execute
@@ -23,6 +24,7 @@ __all__ = [
     "Pipeline",
     "ReportFailures",
     "Requeue",
+    "Sender",
     "execute",
     "execute_chunk",
 ]

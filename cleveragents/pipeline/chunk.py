@@ -39,7 +39,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,6 +67,7 @@ __all__ = [
     "ItemFailure",
     "ReportFailures",
     "Requeue",
+    "Sender",
     "execute_chunk",
     "pieces",
 ]
@@ -99,6 +100,14 @@ STAY_S = 0.25
 #: Sends some requests of a chunk not yet run (from this index in the chunk on) back to
 #: the end of its queue as a new message, with this id.
 Requeue = Callable[[list[Any], int, str], None]
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Who sent a chunk (Celery's ``origin``) and the trace context its message carried."""
+
+    asked_by: str | None = None
+    trace: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,8 +235,10 @@ class _Slice:
         careful: bool,
         report: ReportFailures | None = None,
         defer: Defer | None = None,
+        sender: Sender = Sender(),
     ) -> None:
         self.pipeline = pipeline
+        self.sender = sender
         self.report = report
         self.defer = defer
         self.failures: list[ItemFailure] = []
@@ -299,7 +310,14 @@ class _Slice:
                 return None
             permits = taken
         try:
-            result = self.pipeline.run_guarded(body, rid, redelivered=self.careful, chunk_item=True)
+            result = self.pipeline.run_guarded(
+                body,
+                rid,
+                redelivered=self.careful,
+                chunk_item=True,
+                asked_by=self.sender.asked_by,
+                trace=self.sender.trace,
+            )
         except AwaitingApproval:  # parked: its result comes from the delivery a decision sends
             return None
         finally:
@@ -371,6 +389,7 @@ def execute_chunk(
     report_failures: ReportFailures | None = None,
     others_waiting: OthersWaiting | None = None,
     defer: Defer | None = None,
+    sender: Sender = Sender(),
 ) -> ChunkReport:
     """Run a chunk's requests for one time slice, storing each result; requeue the rest.
 
@@ -378,7 +397,8 @@ def execute_chunk(
     invocation (``pieces``). A rest that would go back whole runs on for another
     slice instead while ``others_waiting`` says nothing waits (``STAY_S`` at most;
     without it, the rest always goes back). ``report_failures`` is told of the
-    failed invocations after their results are stored.
+    failed invocations after their results are stored. ``sender``: who sent the
+    chunk and in which trace (kept with a line that waits for approval).
     """
     careful = pipeline.guard.chunk_redelivered(chunk_id, redelivered)
     invocations = len(bodies)
@@ -387,7 +407,7 @@ def execute_chunk(
         sizes = [min(MAX_CHUNK_ITEMS, over - at) for at in range(0, over, MAX_CHUNK_ITEMS)]
         _send_back(pipeline, careful, requeue, bodies, MAX_CHUNK_ITEMS, sizes)
         bodies = bodies[:MAX_CHUNK_ITEMS]
-    work = _Slice(pipeline, careful, report_failures, defer)
+    work = _Slice(pipeline, careful, report_failures, defer, sender)
     clock = _Clock(others_waiting)
     done = 0
     while done < len(bodies):

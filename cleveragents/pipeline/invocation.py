@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -133,20 +133,22 @@ class Pipeline:
         request_id: str = "",
         first: bool = True,
         asked_by: str | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> SkillResult:
         """Run one decoded request body through the runtime with this process's policy.
 
         With a ``request_id`` (a delivery under the guard), a tool that needs approval
         is parked (``AwaitingApproval`` is raised) and a write-capable one leaves its
         audit events (``first``: the invocation's first delivery; ``asked_by``: who
-        sent it, where known).
+        sent it, where known; ``trace``: the trace context its message carried, kept
+        with a parked invocation for the run a decision sends on).
         """
         trails: list[WriteTrail] = []  # the delivery's audit trail, once its tool is known
         hooks = RunHooks(
             on_found=partial(self._open_trail, trails, body, request_id, first)
             if request_id and self.audit is not None
             else None,
-            before_start=self._approval_hook(body, request_id, trails, asked_by),
+            before_start=self._approval_hook(body, request_id, trails, asked_by, trace),
             on_start=lambda *_: trails[0].on_start() if trails else None,
         )
         try:
@@ -185,7 +187,12 @@ class Pipeline:
         trails.append(trail)
 
     def _approval_hook(
-        self, body: Any, request_id: str, trails: list[WriteTrail], asked_by: str | None
+        self,
+        body: Any,
+        request_id: str,
+        trails: list[WriteTrail],
+        asked_by: str | None,
+        trace: Mapping[str, str] | None,
     ) -> Callable[[SkillInvocationRequest, ToolSpec], None] | None:
         gate = self.approvals
         if gate is None or not request_id or not isinstance(body, dict):
@@ -194,7 +201,8 @@ class Pipeline:
         def before_start(request: SkillInvocationRequest, tool: ToolSpec) -> None:
             if not gate.needs(tool):
                 return
-            resolution = gate.resolve(request_id, body, tool, content_digest(body), asked_by)
+            digest = content_digest(body)
+            resolution = gate.resolve(request_id, body, tool, digest, asked_by, trace)
             if trails:
                 trails[0].approval(resolution)
             gate.enforce(resolution)
@@ -244,11 +252,13 @@ class Pipeline:
         chunk_item: bool = False,
         resent: str = "",
         asked_by: str | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> SkillResult:
         """Run one delivery under the guard: counted, its write claimed, perhaps not run at all.
 
         ``resent`` tells a message sent back to the broker (a retry, a wait for a limit)
-        from the others under its id (``tasks/resend.py``). ``asked_by``: who sent it.
+        from the others under its id (``tasks/resend.py``). ``asked_by``: who sent it;
+        ``trace``: the trace context its message carried.
 
         Raises:
             AwaitingApproval: its tool needs a person's approval; it is parked.
@@ -260,7 +270,12 @@ class Pipeline:
                 return delivery.settled
             first = not (redelivered or resent)
             ran = self.run(
-                body, delivery.claim, request_id=request_id, first=first, asked_by=asked_by
+                body,
+                delivery.claim,
+                request_id=request_id,
+                first=first,
+                asked_by=asked_by,
+                trace=trace,
             )
             return delivery.finish(ran)
 

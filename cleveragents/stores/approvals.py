@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cleveragents.approvals.model import WAITING, Decision, Parked, Resolution, decide, resolve
+from cleveragents.stores.files import file_name
 
 __all__ = ["ApprovalStore", "FileApprovalStore", "MemoryApprovalStore"]
 
@@ -122,9 +123,9 @@ class FileApprovalStore(_Local):
             os.close(fd)
 
     def _path(self, request_id: str) -> Path:
-        # A request id is a producer's text: only its safe characters name a file.
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id)
-        return self.folder / f"{safe[:200]}.json"
+        # A request id is a producer's text: named one to one, so that no two ids share
+        # a file (a record must never stand for another id's).
+        return self.folder / f"{file_name(request_id)}.json"
 
     def _load(self, request_id: str) -> tuple[Parked | None, Decision | None]:
         try:
@@ -146,7 +147,7 @@ class FileApprovalStore(_Local):
             "decision": json.loads(decision.encode()) if decision is not None else None,
         }
         path = self._path(request_id)
-        beside = path.with_suffix(".tmp")
+        beside = path.with_name(path.name + ".tmp")
         beside.write_text(json.dumps(fields), encoding="utf-8")
         beside.chmod(0o600)
         beside.replace(path)

@@ -7,6 +7,7 @@ dropped: nothing exports them without Redis (``cleveragents metrics`` needs it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -24,14 +25,30 @@ from cleveragents.stores.base import (
 )
 from cleveragents.stores.result_meta import KeyValueResults
 
-__all__ = ["FileBatchLedger", "FileGuardStore", "FileResultStore", "NullMetricStore"]
+__all__ = [
+    "FileBatchLedger",
+    "FileGuardStore",
+    "FileResultStore",
+    "NullMetricStore",
+    "file_name",
+]
 
 
-def _name(request_id: str) -> str:
-    # A file name for any id: "/" and "%" percent-encoded, and a leading "." too, so that
-    # "." and ".." name files, never the folder or its parent.
+def file_name(request_id: str) -> str:
+    """A file name for any id, one to one: no two ids share a name.
+
+    "/" and "%" are percent-encoded, and a leading "." too, so that "." and ".." name
+    files, never the folder or its parent. A name past the file system's limit (ids of
+    many "/") is the id's SHA-256 behind "%H", which no encoded name starts with.
+    """
     name = request_id.replace("%", "%25").replace("/", "%2F")
-    return "%2E" + name[1:] if name.startswith(".") else name
+    name = "%2E" + name[1:] if name.startswith(".") else name
+    if len(name.encode()) > _LONGEST_NAME:
+        return "%H" + hashlib.sha256(request_id.encode()).hexdigest()
+    return name
+
+#: Room for a name and the suffixes the stores add (".json", ".tmp"), under NAME_MAX (255).
+_LONGEST_NAME = 240
 
 
 def _replace(path: Path, text: str) -> None:
@@ -54,7 +71,7 @@ class FileGuardStore:
     def _path(self, kind: str, request_id: str) -> Path:
         folder = self.folder / kind
         folder.mkdir(parents=True, exist_ok=True)
-        return folder / _name(request_id)
+        return folder / file_name(request_id)
 
     def attempt(self, request_id: str) -> int:
         """Count one more delivery of ``request_id``; return how many have been counted."""

@@ -28,9 +28,9 @@ from cleveragents.constants import (
     TASK_INVOKE_CHUNK,
 )
 from cleveragents.messages import ChunkContext, chunk_repr, redacted_repr
-from cleveragents.pipeline import execute_chunk
+from cleveragents.pipeline import Sender, execute_chunk
 from cleveragents.tasks.events import ItemEvents
-from cleveragents.tasks.invoke import redelivered
+from cleveragents.tasks.invoke import origin, redelivered
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, WAITS_HEADER
 from cleveragents.tasks.traced import message_carrier
 from cleveragents.traces.switch import tracing_on
@@ -73,6 +73,7 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
         report_failures=failures,
         others_waiting=interactive_waiting(self.app),
         defer=partial(_defer, self),
+        sender=Sender(origin(self), message_carrier(self)),
     )
     if tracing_on():  # each line a span in the trace the chunk's message names
         from cleveragents.traces import otel

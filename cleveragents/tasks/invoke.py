@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from functools import partial
 from typing import Any
 
@@ -22,12 +24,14 @@ from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
 from cleveragents.tasks.events import tell_flower_later
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
-from cleveragents.tasks.traced import Recorder, traced_invoke, with_trace_id
+from cleveragents.tasks.traced import Recorder, message_carrier, traced_invoke, with_trace_id
 from cleveragents.traces.switch import tracing_on
 from cleveragents.worker import state
 from cleveragents.worker.celery_app import app
 
-__all__ = ["invoke", "redelivered"]
+__all__ = ["invoke", "origin", "redelivered"]
+
+log = logging.getLogger("cleveragents.worker")
 
 
 def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str) -> Any:
@@ -142,7 +146,8 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
             task_id,
             redelivered=redelivered(task),
             resent=resent_key(task),
-            asked_by=_origin(task),
+            asked_by=origin(task),
+            trace=message_carrier(task),
         )
     reason = answer.error.details.get("reason") if answer.error is not None else None
     if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
@@ -154,7 +159,7 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
     raise Ignore()
 
 
-def _origin(task: Task[Any, Any]) -> str | None:
+def origin(task: Task[Any, Any]) -> str | None:
     """Who sent the message, as Celery's ``origin`` header says (process and host)."""
     origin = task.request.origin
     return origin[:200] if isinstance(origin, str) and origin else None
@@ -163,6 +168,15 @@ def _origin(task: Task[Any, Any]) -> str | None:
 def _say_parked(task: Task[Any, Any], parked: AwaitingApproval) -> None:
     """Flower shows the invocation as awaiting approval, with the command that approves it."""
     record = parked.resolution.record
+    if parked.resolution.changed:  # once, when it is parked (not each delivery that finds it)
+        log.info(
+            "%s (%s / %s) waits for approval until %s: cleveragents approvals approve %s",
+            record.request_id,
+            record.skill,
+            record.tool,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.expires_at)),
+            record.request_id,
+        )
     tell_flower_later(
         task,
         "task-awaiting_approval",

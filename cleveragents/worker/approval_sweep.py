@@ -94,6 +94,7 @@ class ApprovalSweep:
             queue=QUEUE_WRITE if writes else QUEUE_READ,
             argsrepr=redacted_repr(body),
             kwargsrepr="{}",
+            headers=dict(record.trace or {}),  # the run joins the submitter's trace
         )
 
 

@@ -68,7 +68,7 @@ def test_an_approved_write_runs_once_and_submit_wait_returns_its_result(
     start_worker: Callable[..., Worker],
     tmp_path: Path,
 ) -> None:
-    start_worker(broker)
+    worker = start_worker(broker)
     log = tmp_path / "payments.jsonl"
     args = json.dumps({"log": str(log), "key": SECRET})
     # Given a write that needs approval, submitted with --allow-writes and --wait
@@ -96,6 +96,14 @@ def test_an_approved_write_runs_once_and_submit_wait_returns_its_result(
         assert show["arguments"] == {"log": str(log), "key": SECRET}
         assert _lines(log) == []
         wait_until(lambda: any("approval" in line for line in said), 30, "submit to say it waits")
+        # And the worker's log says once that it waits, and how to approve it
+        parked_lines = [
+            line
+            for line in worker.log.read_text(encoding="utf-8").splitlines()
+            if f"pay-1 ({SKILL} / {PAY}) waits for approval" in line
+        ]
+        assert len(parked_lines) == 1, parked_lines
+        assert parked_lines[0].endswith("cleveragents approvals approve pay-1")
         # When a person approves it
         approved = _cli(broker, "approvals", "approve", "pay-1", "--by", "alice", "--reason", "ok")
         assert approved.returncode == 0, approved.stderr

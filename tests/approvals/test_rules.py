@@ -121,3 +121,18 @@ def test_a_decision_about_other_arguments_does_not_count(redis_url: str) -> None
     client.hset("cleveragents:decision:r1", "digest", "digest-of-something-else")
     assert store.resolve(_asked(), ttl_s=60).state == WAITING
     client.close()
+
+
+@pytest.mark.parametrize("pair", [("p/q", "p_q"), ("a/b", "a%2Fb"), ("/" * 200, "/" * 199 + "x")])
+def test_ids_a_file_name_cannot_hold_stay_apart(
+    store: ApprovalStore, pair: tuple[str, str]
+) -> None:
+    # The embedded store names a file per id: two ids must never share one (the first
+    # would wait forever, and a decision about one would settle the other).
+    first, second = (f"{pair[0]}-{id(store)}", f"{pair[1]}-{id(store)}")
+    store.resolve(_asked(first), ttl_s=60)
+    store.resolve(_asked(second), ttl_s=60)
+    assert {parked.request_id for parked, _ in store.waiting()} >= {first, second}
+    store.decide(first, Decision(APPROVED, "alice", None))
+    assert store.resolve(_asked(first), ttl_s=60).state == APPROVED
+    assert store.resolve(_asked(second), ttl_s=60).state == WAITING

@@ -64,6 +64,12 @@ def test_the_local_user_approves_from_another_terminal(work: Path) -> None:
     listed = _run(work, "approvals", "list", "--json")
     assert [json.loads(line)["request_id"] for line in listed.stdout.splitlines()] == ["pay-1"]
     assert not log.exists()
+    # A long id is shown whole on a narrow terminal: it is copied into `approve`
+    long_id = "payment-2026-12-05-0001-for-account-7731"
+    _submit(work, long_id, log)
+    table = _run(work, "approvals", "list", COLUMNS="80").stdout
+    assert long_id in table, table
+    assert _run(work, "approvals", "reject", long_id, "--reason", "a test").returncode == 0
     approved = _run(work, "approvals", "approve", "pay-1")
     assert approved.returncode == 0, approved.stderr
     out, _ = waiting.communicate(timeout=60)
@@ -74,11 +80,15 @@ def test_the_local_user_approves_from_another_terminal(work: Path) -> None:
     trail_file = work / "home" / "audit.jsonl"
     assert trail_file.stat().st_mode & 0o077 == 0
     events = [json.loads(line) for line in _run(work, "audit", "--json").stdout.splitlines()]
+    events = [e for e in events if e["request_id"] == "pay-1"]
     assert [e["event"] for e in events] == [
         "requested", "awaiting_approval", "approved", "started", "succeeded",
     ]  # fmt: skip
     assert events[2]["by"]  # the local user
     assert str(log) not in json.dumps(events)
+    none = _run(work, "audit", "--request-id", "never-sent")
+    assert none.stdout == ""
+    assert none.stderr.strip() == "no write events of never-sent in the audit trail"
 
 
 def test_a_rejection_and_an_expiry_end_as_permission_denied(work: Path) -> None:

@@ -3,12 +3,15 @@ by a local OTLP/HTTP receiver that decodes the real protobuf payloads."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from cleveragents.client import SkillClient
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.settings import Settings
+from cleveragents.skills import SkillResult
 from cleveragents.skills import Catalogue
 from tests.conftest import Broker
 from tests.runtime.test_mcp_kind import ROOT_TOOL_USER
@@ -125,6 +129,14 @@ def test_the_cli_joins_the_trace_its_environment_names(
     assert span.parent_span_id == "00f067aa0ba902b7"
     # `result --json` (and `submit --wait --json`) name the trace
     assert printed["trace_id"] == span.trace_id
+    # A TRACEPARENT that is not one is said, not silently dropped
+    env["TRACEPARENT"] = "4bf92f3577b34da6a3ce929d0e0e4736"
+    bad = subprocess.run(
+        [sys.executable, "-m", "cleveragents", "result", printed["request_id"], "--json"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 0, bad.stderr
+    assert "warning: TRACEPARENT is not a W3C traceparent" in bad.stderr
 
 
 #: Runs an invocation in-process (Celery's eager apply), then prints whether it succeeded
@@ -253,3 +265,42 @@ def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
         )
     time.sleep(1.0)  # the batch processor exports every 100 ms here
     assert receiver.named("execute_tool") == []
+
+
+def test_an_approved_write_runs_in_its_submitters_trace(
+    redis_url: str,
+    start_worker: Callable[..., Worker],
+    receiver: OtlpReceiver,
+    tmp_path: Path,
+) -> None:
+    start_worker(redis_url, **receiver.env())
+    tracer = TracerProvider().get_tracer("agent")
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    pay = {"log": str(tmp_path / "log"), "key": "k"}
+    line = {"skill": "test/approvals", "tool": "test/send-payment", "arguments": pay,
+            "allow_writes": True}  # fmt: skip
+    batch: list[SkillResult] = []
+    with SkillClient(settings=settings) as client:
+        # Given a write and a batch line that wait for approval, sent in the agent's trace
+        with tracer.start_as_current_span("agent turn") as agent:
+            single = client.submit("test/approvals", "test/send-payment", pay, allow_writes=True)
+            context = contextvars.copy_context()  # a thread starts with no current span
+            lines = threading.Thread(
+                target=context.run, args=(lambda: batch.extend(client.run_many([line])),)
+            )
+            lines.start()
+        wait_until(lambda: len(client.approvals()) == 2, 60, "two parked writes")
+        # When a person approves them, from a trace of their own
+        with tracer.start_as_current_span("approver") as approver:
+            for parked in client.approvals():
+                assert parked.asked_by  # a batch line too says who sent it
+                client.approve(parked.request_id, by="alice")
+        assert single.result(timeout=60).success
+        lines.join(60)
+    assert [r.success for r in batch] == [True]
+    # Then each run is a span of the agent's trace, not the approver's
+    ran = [s for s in _spans(receiver, 2) if s.status_code != 2]
+    ids = {s.attributes["gen_ai.tool.call.id"]: s.trace_id for s in ran}
+    assert ids[single.request_id] == format(agent.get_span_context().trace_id, "032x")
+    assert set(ids.values()) == {format(agent.get_span_context().trace_id, "032x")}
+    assert format(approver.get_span_context().trace_id, "032x") not in set(ids.values())

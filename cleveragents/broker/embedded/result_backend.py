@@ -2,7 +2,8 @@
 
 Celery joins the folder and the key (``celery-task-meta-<id>``) as they are: an id
 holding ``/`` names a file in a folder that does not exist, and the result is never
-stored. Here ``%`` and ``/`` in a key are percent-encoded. Celery also writes a result
+stored. Here ``%`` and ``/`` in a key are percent-encoded (a name past the file
+system's limit is the key's SHA-256). Celery also writes a result
 file in place, so a reader can see half of it; here it is written beside and renamed.
 Celery's file is as the umask leaves it (0644, any local user reads every result);
 here it is 0600 whatever the umask (``cleveragents.embedded.private``).
@@ -10,6 +11,7 @@ here it is 0600 whatever the umask (``cleveragents.embedded.private``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
@@ -18,6 +20,9 @@ from celery.backends.filesystem import FilesystemBackend
 from cleveragents.embedded.private import private_opener
 
 __all__ = ["SafeFilesystemBackend", "backend_url"]
+
+#: Room for a key's name and the ".<pid>.part" of a write in progress, under NAME_MAX.
+_LONGEST_NAME = 230
 
 
 def backend_url(folder: str) -> str:
@@ -33,6 +38,8 @@ class SafeFilesystemBackend(FilesystemBackend):  # type: ignore[misc]
         # Celery keeps the folder and the separator as bytes.
         raw = key if isinstance(key, bytes) else str(key).encode()
         name = raw.replace(b"%", b"%25").replace(b"/", b"%2F").replace(b"\0", b"%00")
+        if len(name) > _LONGEST_NAME:  # ids of many "/": past NAME_MAX once encoded
+            name = b"%H" + hashlib.sha256(raw).hexdigest().encode()
         return self.sep.join((self.path, name))  # type: ignore[attr-defined]
 
     def set(self, key: Any, value: Any) -> None:
