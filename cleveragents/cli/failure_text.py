@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cleveragents.runtime.gating import GATE_REQUEST, GATE_SKILL_READ_ONLY, GATE_WORKER_READ_ONLY
+from cleveragents.runtime.outcomes import UNKNOWN_WRITE_ADVICE, WRITE_UNKNOWN
 from cleveragents.skills import SkillError, SkillResult
 
 __all__ = ["STDERR_LINES_SHOWN", "failure_lines", "fix_for"]
@@ -100,6 +101,8 @@ def failure_lines(result: SkillResult, request_id: str) -> list[str]:
         shown = tail.strip().splitlines()[-STDERR_LINES_SHOWN:]
         lines.append("stderr (last lines):")
         lines += [f"  {line}" for line in shown]
+    if (error.details or {}).get("write_outcome") == WRITE_UNKNOWN:
+        lines.append(f"fix: {UNKNOWN_WRITE_ADVICE}")  # first: the mistake that costs most
     fix = fix_for(error)
     if fix:
         lines.append(f"fix: {fix}")

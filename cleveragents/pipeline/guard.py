@@ -28,7 +28,12 @@ from typing import Any
 
 from cleveragents.errors import SkillErrorType, ToolExecutionError
 from cleveragents.messages import result_payload
-from cleveragents.runtime.outcomes import failed_result, names_of
+from cleveragents.runtime.outcomes import (
+    WRITE_UNKNOWN,
+    failed_result,
+    names_of,
+    with_write_outcome,
+)
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult, ToolSpec
 from cleveragents.stores import Claim, GuardStore
@@ -77,15 +82,15 @@ def poison_result(body: Any, attempts: int) -> SkillResult:
 def interrupted_result(body: Any) -> SkillResult:
     """The failure of a write whose first run was interrupted before it reported back."""
     skill, tool = names_of(body)
-    return failed_result(
+    interrupted = failed_result(
         skill,
         tool,
         SkillErrorType.TOOL_EXECUTION_FAILURE,
         "an earlier delivery of this request started the write and was interrupted "
-        "before it reported back: it may or may not have happened, so it was not "
-        "run again",
+        "before it reported back, so it was not run again",
         {"reason": "write_interrupted"},
     )
+    return with_write_outcome(interrupted, WRITE_UNKNOWN)
 
 
 class Guard:

@@ -22,7 +22,14 @@ from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
 from cleveragents.runtime.kinds import run_tool
 from cleveragents.runtime.limits import MAX_OUTPUT_BYTES, default_output_limit, output_limit
-from cleveragents.runtime.outcomes import failed_result, failed_with, names_of
+from cleveragents.runtime.outcomes import (
+    WRITE_NOT_STARTED,
+    WRITE_UNKNOWN,
+    failed_result,
+    failed_with,
+    names_of,
+    with_write_outcome,
+)
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.runtime.text import holds_lone_surrogate, lone_surrogate
@@ -80,6 +87,23 @@ class RunHooks:
 
 
 _NO_HOOKS = RunHooks()
+
+
+@dataclass
+class _Progress:
+    """How far a run got: its tool, once found, and whether a write may have begun."""
+
+    tool: ToolSpec | None = None
+    #: The write's claim was asked for (another run may hold it) or the tool started.
+    began: bool = False
+
+    def write_outcome(self, allow_writes: bool) -> str | None:
+        """What a failure says of the write (None: the run was no write)."""
+        if self.tool is None:  # never found: nothing ran
+            return WRITE_NOT_STARTED if allow_writes else None
+        if not self.tool.write_capable:
+            return None
+        return WRITE_UNKNOWN if self.began else WRITE_NOT_STARTED
 
 
 def _elapsed_ms(started: float) -> float:
@@ -308,8 +332,9 @@ def _execute(
     max_output_bytes: int,
     before_write: BeforeWrite | None,
     hooks: RunHooks,
+    progress: _Progress,
 ) -> tuple[Any, list[dict[str, Any]]]:
-    tool = entry.tool
+    tool = progress.tool = entry.tool
     if hooks.on_found is not None:
         hooks.on_found(request, tool)
     check_write_gates(definition, tool, allow_writes=request.allow_writes, read_only=read_only)
@@ -320,6 +345,9 @@ def _execute(
     timeout_s = effective_timeout(entry, request, default_timeout_s, max_timeout_s)
     if hooks.before_start is not None:
         hooks.before_start(request, tool)
+    # From here a failure may come after a write began: this run's, or the run that holds
+    # its claim (a claim refused says what became of that run).
+    progress.began = True
     if before_write is not None and claims_write(tool):
         before_write(request, tool, timeout_s)
     if hooks.on_start is not None:
@@ -370,6 +398,7 @@ def invoke(
             request, str(exc), {**exc.details, "exception_type": type(exc).__name__}, started
         )
     skill, tool = parsed.skill, parsed.tool
+    progress = _Progress()
     try:
         definition, entry = catalogue.find_tool(skill, tool)
         data, changes = _execute(
@@ -382,11 +411,16 @@ def invoke(
             max_output_bytes=max_output_bytes or default_output_limit(),
             before_write=before_write,
             hooks=hooks,
+            progress=progress,
         )
     except AwaitingApproval:
         raise
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
-        return failed_with(_error(exc, skill, tool), skill, tool, duration_ms=_elapsed_ms(started))
+        failed = failed_with(
+            _error(exc, skill, tool), skill, tool, duration_ms=_elapsed_ms(started)
+        )
+        outcome = progress.write_outcome(parsed.allow_writes)
+        return failed if outcome is None else with_write_outcome(failed, outcome)
     return SkillResult(
         skill_name=skill,
         tool_name=tool,

@@ -23,11 +23,28 @@ from cleveragents.skills.protocol import SkillError, SkillResult
 __all__ = [
     "MAX_DETAILS_CHARS",
     "MAX_MESSAGE_CHARS",
+    "UNKNOWN_WRITE_ADVICE",
+    "WRITE_NOT_STARTED",
+    "WRITE_UNKNOWN",
     "failed_result",
     "failed_with",
     "names_of",
     "text_field",
+    "with_write_outcome",
 ]
+
+#: ``error.details["write_outcome"]`` of a failed write whose tool never started (a gate,
+#: validation, activation, a rejection): the write did not happen.
+WRITE_NOT_STARTED = "not_started"
+#: ... of a failed write whose tool started (it failed, timed out, was stopped or lost
+#: before it reported back): its effect may have happened.
+WRITE_UNKNOWN = "unknown"
+#: What a caller should do about a write whose outcome is unknown (in its message and the
+#: CLI's ``fix:`` line).
+UNKNOWN_WRITE_ADVICE = (
+    "the write may have happened: check before you send it again; sending it again "
+    "under the same request id is safe"
+)
 
 #: The longest message a failure keeps, in characters (a python tool may raise with
 #: megabytes of text; the stored result holds the message more than once).
@@ -83,6 +100,23 @@ def _small(error: SkillError) -> SkillError:
     if message is error.message and details is error.details:
         return error
     return error.model_copy(update={"message": message, "details": details})
+
+
+def with_write_outcome(result: SkillResult, outcome: str) -> SkillResult:
+    """``result`` with ``details["write_outcome"]`` (a failure of a write-capable tool).
+
+    An unknown outcome also says so in the message, for a person who reads only that.
+    A result that already says (the first run's, read back) is returned as it is.
+    """
+    error = result.error
+    if error is None or "write_outcome" in error.details:
+        return result
+    message = error.message
+    if outcome == WRITE_UNKNOWN:
+        message = f"{message} ({UNKNOWN_WRITE_ADVICE})"
+    details = {**error.details, "write_outcome": outcome}
+    said = error.model_copy(update={"message": message, "details": details})
+    return result.model_copy(update={"error": said})
 
 
 def failed_result(

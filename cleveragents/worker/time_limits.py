@@ -43,7 +43,12 @@ from cleveragents.messages import SkillInvocationFailed, failure_summary, result
 from cleveragents.pipeline import chunk
 from cleveragents.pipeline.guard import CLAIM_GRACE_S
 from cleveragents.runtime.invoke import claims_write, timeout_of
-from cleveragents.runtime.outcomes import failed_result, names_of
+from cleveragents.runtime.outcomes import (
+    WRITE_UNKNOWN,
+    failed_result,
+    names_of,
+    with_write_outcome,
+)
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 
@@ -139,7 +144,7 @@ def hard_limit_result(body: Any, limit_s: float, catalogue: Catalogue, settings:
     """The ``SkillResult`` of an invocation whose pool process the hard limit ended."""
     skill, tool = names_of(body)
     timeout, _ = invocation_timeout(body, catalogue, settings)
-    return failed_result(
+    result = failed_result(
         skill,
         tool,
         SkillErrorType.TOOL_EXECUTION_FAILURE,
@@ -153,6 +158,11 @@ def hard_limit_result(body: Any, limit_s: float, catalogue: Catalogue, settings:
         },
         duration_ms=limit_s * 1000,  # it ran until the limit ended it
     )
+    try:
+        writes = catalogue.find_tool(skill, tool)[1].tool.write_capable
+    except Exception:  # not in the catalogue (then it never ran)
+        writes = False
+    return with_write_outcome(result, WRITE_UNKNOWN) if writes else result
 
 
 class HardLimitMixin:
