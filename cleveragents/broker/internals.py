@@ -138,6 +138,16 @@ PARTS: dict[str, Part] = {
             _APPLIED,
         ),
         Part(
+            "hard-limit-pauses-patch",
+            "celery",
+            "5.7",
+            "fallback",
+            "a worker paused (SIGSTOP, a frozen container) past a task's hard time limit "
+            "ends that task's pool process when it resumes, and its tool is reported as "
+            "timed out",
+            _APPLIED,
+        ),
+        Part(
             "result-repr-patch",
             "celery",
             "5.7",
@@ -322,6 +332,16 @@ INTERNALS: tuple[Internal, ...] = (
         "cleveragents.broker.patches.success_log",
         f"{CELERY_SRC}/app/trace.py",
         ("celery.app.trace:LOG_SUCCESS", "patch"),
+    ),
+    # The pool's hard time limit, moved on by the worker's pauses.
+    *_uses(
+        "hard-limit-pauses-patch",
+        "cleveragents.broker.patches.hard_limit_pauses",
+        f"{CELERY_SRC}/concurrency/asynpool.py",
+        ("celery.concurrency.asynpool:AsynPool._on_hard_timeout", "patch"),
+        ("celery.concurrency.asynpool:AsynPool._cache+", "read"),
+        ("celery.concurrency.asynpool:AsynPool._tref_for_id+", "read"),
+        ("billiard.pool:ApplyResult._time_accepted+", "read"),
     ),
     *_uses(
         "result-repr-patch",

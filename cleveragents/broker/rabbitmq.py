@@ -52,12 +52,15 @@ def uses_amqp(settings: Settings) -> bool:
 
 
 def heartbeat_s(recovery_s: float) -> int:
-    """The AMQP heartbeat, in whole seconds, for giving up on a silent worker within ``recovery_s``.
+    """The AMQP heartbeat, in whole seconds, for giving up on a silent worker within half
+    of ``recovery_s``, as a Redis broker does (its heartbeat keys live ``recovery_s / 2``).
 
-    RabbitMQ then hands back every message the worker held. A killed process's
+    RabbitMQ then hands back every message the worker held, prefetched ones included:
+    a frozen worker (``SIGSTOP``, a hung machine) holds at most its prefetch (one
+    message per process and queue) for at most that long. A killed process's
     connection closes at once, with no heartbeat to wait for.
     """
-    return max(1, int(recovery_s // HEARTBEATS_TO_CLOSE))
+    return max(1, int(recovery_s / 2 // HEARTBEATS_TO_CLOSE))
 
 
 def transport_options() -> dict[str, Any]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cleveragents.errors import ConfigurationError
+from cleveragents.runtime.pauses import pause_clock
 
 __all__ = [
     "SHEPHERD",
@@ -179,11 +180,20 @@ class _Session:
         return any(key.data in names for key in self.selector.get_map().values())
 
     def pump(self, until: float, *, drain: bool = False) -> None:
-        """Move data until ``until``, or until the program ended (``drain``: and its pipes too)."""
+        """Move data until ``until``, or until the program ended (``drain``: and its pipes too).
+
+        ``until`` moves on by any time this process was paused meanwhile (a frozen
+        worker): the program's report may be waiting in its pipe (``runtime/pauses.py``).
+        """
+        clock, since, granted = pause_clock(), time.monotonic(), 0.0
         while not (self.too_large and not self.stopping):
             if self.final is not None and (not drain or not self.open("stdout", "stderr")):
                 return
             left = until - time.monotonic()
+            if left <= 0 and (paused := clock.paused_since(since) - granted) > 0:
+                granted += paused
+                until += paused
+                continue
             if left <= 0 or not self.selector.get_map():
                 return
             for key, _ in self.selector.select(left):

@@ -10,6 +10,10 @@ tool's next Python bytecode. Either way the exception is re-delivered every
 again. ``ToolTimeout`` derives from ``BaseException`` so that a tool's
 ``except Exception`` does not swallow it.
 
+The time is the tool's running time: a deadline that comes due after its process
+was paused (``SIGSTOP``, a frozen container) moves on by the pause instead
+(``runtime/pauses.py``), so that a worker does not blame the tool for its own pause.
+
 An interruption is only ever raised in the body of the deadline: never while it
 is being set up or taken down (where it would leave the timer or the watchdog
 armed, and interrupt code that is not the tool's), and never once the frame that
@@ -30,6 +34,8 @@ import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, Literal
+
+from cleveragents.runtime.pauses import pause_clock
 
 __all__ = ["REPEAT_S", "ToolTimeout", "call_with_deadline", "deadline"]
 
@@ -56,10 +62,14 @@ def _where(frame: FrameType | None, guarded: FrameType) -> _Where:
 
 #: Frames that entered a deadline in the main thread, innermost last.
 _main_guards: list[FrameType] = []
+#: Those deadlines, in the same order.
+_main_deadlines: list[_Deadline] = []
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     if _main_guards and _where(frame, _main_guards[-1]) == "body":
+        if _main_deadlines[-1].grant_pause():
+            return  # the process was paused: the timer was set again for that long
         raise ToolTimeout
     # Being set up or taken down: the timer repeats, and __exit__ disarms it.
 
@@ -70,6 +80,8 @@ class _Watchdog:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int]] = []
         self._active: dict[int, tuple[int, FrameType]] = {}
+        #: token -> when it was armed, and the pause time granted since
+        self._armed: dict[int, tuple[float, float]] = {}
         # A plain lock, taken with ``with`` by the tool threads: acquiring and releasing it
         # runs no Python code, so an interruption delivered to a tool thread can never
         # leave it held. (A Condition's own __enter__ and __exit__ are Python methods:
@@ -81,9 +93,12 @@ class _Watchdog:
 
     def arm(self, timeout_s: float, thread_id: int, guarded: FrameType) -> int:
         token = next(self._ids)
+        pause_clock()  # started before the tool: a pause from now on is seen
         with self._lock:
             self._active[token] = (thread_id, guarded)
-            heapq.heappush(self._heap, (time.monotonic() + timeout_s, token))
+            now = time.monotonic()
+            self._armed[token] = (now, 0.0)
+            heapq.heappush(self._heap, (now + timeout_s, token))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="tool-deadlines", daemon=True
@@ -95,6 +110,7 @@ class _Watchdog:
     def disarm(self, token: int) -> None:
         with self._lock:
             entry = self._active.pop(token, None)
+            self._armed.pop(token, None)
         if entry is not None:
             # Withdraw an interruption that was set but not yet delivered: it must
             # not surface later, in code that is not the tool's.
@@ -113,10 +129,17 @@ class _Watchdog:
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
+                armed_at, granted = self._armed[token]
+                paused = pause_clock().paused_since(armed_at) - granted
+                if paused > 0:  # the process was paused: that time is not the tool's
+                    self._armed[token] = (armed_at, granted + paused)
+                    heapq.heapreplace(self._heap, (due + paused, token))
+                    continue
                 thread_id, guarded = self._active[token]
                 where = _where(sys._current_frames().get(thread_id), guarded)
                 if where == "gone":  # left without disarming (interrupted on its way out)
                     del self._active[token]
+                    self._armed.pop(token, None)
                     continue
                 heapq.heapreplace(self._heap, (time.monotonic() + REPEAT_S, token))
                 if where == "body":
@@ -131,7 +154,15 @@ _watchdog = _Watchdog()
 class _Deadline:
     """The context manager ``deadline`` returns; its body is the frame that enters it."""
 
-    __slots__ = ("_armed_at", "_main", "_outer", "_previous", "_timeout_s", "_token")
+    __slots__ = (
+        "_armed_at",
+        "_granted",
+        "_main",
+        "_outer",
+        "_previous",
+        "_timeout_s",
+        "_token",
+    )
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
@@ -140,6 +171,17 @@ class _Deadline:
         self._previous: Any = None
         self._outer = (0.0, 0.0)
         self._armed_at = 0.0
+        self._granted = 0.0
+
+    def grant_pause(self) -> bool:
+        """At the alarm: set the timer again for the time this process was paused since
+        it was armed and not yet granted; False when there is none (the time is up)."""
+        paused = pause_clock().paused_since(self._armed_at) - self._granted
+        if paused <= 0:
+            return False
+        self._granted += paused
+        signal.setitimer(signal.ITIMER_REAL, paused, REPEAT_S)
+        return True
 
     def __enter__(self) -> None:
         guarded = sys._getframe(1)
@@ -147,7 +189,9 @@ class _Deadline:
             self._token = _watchdog.arm(self._timeout_s, threading.get_ident(), guarded)
             return
         self._main = True
+        pause_clock()  # started before the tool: a pause from now on is seen
         _main_guards.append(guarded)
+        _main_deadlines.append(self)
         self._previous = _signal.signal(signal.SIGALRM, _on_alarm)
         self._armed_at = time.monotonic()
         # An outer timer (a deadline further out, pytest-timeout) is put back afterwards.
@@ -166,6 +210,7 @@ class _Deadline:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _signal.signal(signal.SIGALRM, self._previous)
         _main_guards.pop()
+        _main_deadlines.pop()
         outer, interval = self._outer
         if outer > 0:
             left = outer - (time.monotonic() - self._armed_at)
@@ -178,6 +223,7 @@ _MACHINERY = frozenset(
         _Deadline.__exit__.__code__,
         _Watchdog.arm.__code__,
         _Watchdog.disarm.__code__,
+        _Deadline.grant_pause.__code__,
     }
 )
 

@@ -19,6 +19,7 @@ from cleveragents.pipeline import Pipeline
 from cleveragents.pipeline.binding import REASON_CANCELLED, REASON_REUSED
 from cleveragents.pipeline.limits import Permit
 from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
+from cleveragents.runtime.pauses import pause_clock
 from cleveragents.skills import SkillResult
 from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
@@ -89,6 +90,7 @@ def _invoke(
     pipeline = state.pipeline(self.app.backend)
     found = pipeline.policy_tool(body) if task_id else None
     permits = _permits(self, pipeline, found)
+    clock, began = pause_clock(), time.monotonic()  # the clock: started once per process
     try:
         result = _run(self, pipeline, body, task_id)
     except AwaitingApproval as parked:  # in the approval store: no process waits for it
@@ -99,6 +101,8 @@ def _invoke(
     finally:
         for permit in permits:
             permit.release()
+    if task_id and clock.paused_since(began) > 0:
+        _finished_elsewhere(self, task_id, clock.paused_since(began), result)
     tool = found.tool if found is not None else None
     attempt = attempt_of(self)
     if tool is not None and tool.retry is not None:
@@ -117,6 +121,32 @@ def _invoke(
         arguments = body.get("arguments") if isinstance(body, dict) else None
         raise SkillInvocationFailed(failure_summary(result, arguments), payload)
     return payload
+
+
+def _finished_elsewhere(
+    task: Task[Any, Any], task_id: str, paused: float, ran: SkillResult
+) -> None:
+    """Drop this delivery's result when its worker was paused while it ran and another
+    worker, handed the message meanwhile, has finished the invocation: that result
+    stands (the store never overwrites it), and this one is logged as what it is, not
+    as the tool's outcome (nor counted again). Asked only when the process was paused
+    while it ran (``runtime/pauses.py``).
+
+    Raises:
+        Ignore: another delivery's result is stored.
+    """
+    stored = task.app.backend.get_task_meta(task_id).get("status")
+    if stored not in states.READY_STATES:
+        return
+    log.warning(
+        "%s was finished by another worker while this one was paused for %.0f s: its "
+        "result (%s) stands; this delivery's (%s) is dropped",
+        task_id,
+        paused,
+        stored,
+        "success" if ran.success else f"{ran.error.error_type if ran.error else 'failure'}",
+    )
+    raise Ignore()
 
 
 def _permits(task: Task[Any, Any], pipeline: Pipeline, found: ToolPolicies | None) -> list[Permit]:

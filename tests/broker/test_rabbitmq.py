@@ -88,8 +88,9 @@ def test_every_process_declares_the_same_four_quorum_queues(read_only: bool) -> 
             name,
         )
     assert conf["broker_transport_options"] == {"confirm_publish": True}
-    # RabbitMQ gives up on a silent worker within CLEVERAGENTS_RECOVERY_S (default 30).
-    assert conf["broker_heartbeat"] == 10
+    # RabbitMQ gives up on a silent worker within half of CLEVERAGENTS_RECOVERY_S (default
+    # 30), as Redis does: 2 to 3 heartbeats of 5 s.
+    assert conf["broker_heartbeat"] == 5
     recovery = Settings.from_env({**env, "CLEVERAGENTS_RECOVERY_S": "4"})
     assert celery_settings(recovery)["broker_heartbeat"] == 1
     # Late acks and one message per process, as on Redis (celery_settings._delivery).

@@ -22,9 +22,14 @@ __all__ = ["Patch", "PatchRefused", "all_patches", "apply_all", "written_for"]
 
 def all_patches() -> tuple[Patch, ...]:
     """Every patch the worker applies, in order."""
-    from cleveragents.broker.patches import kombu_connparams, result_repr, success_log
+    from cleveragents.broker.patches import (
+        hard_limit_pauses,
+        kombu_connparams,
+        result_repr,
+        success_log,
+    )
 
-    return (kombu_connparams.PATCH, success_log.PATCH, result_repr.PATCH)
+    return (kombu_connparams.PATCH, success_log.PATCH, result_repr.PATCH, hard_limit_pauses.PATCH)
 
 
 def apply_all(patches: tuple[Patch, ...] | None = None) -> list[tuple[int, str]]:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from cleveragents.errors import ConfigurationError, ToolActivationError, ToolTimedOut
+from cleveragents.runtime.pauses import pause_clock
 from cleveragents.skills import ToolSpec, tool_kinds
 from cleveragents.skills.tool_kinds import ToolKind
 
@@ -94,8 +95,9 @@ def run_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> Any
             "CLEVERAGENTS_TOOL_KINDS loads more)",
             details={"source": tool.source},
         )
-    deadline = time.monotonic() + timeout_s
+    clock, started = pause_clock(), time.monotonic()
     value = runner.run(tool, arguments, timeout_s)
-    if time.monotonic() > deadline:
+    # Its running time: a pause of this process (a frozen worker) is not the tool's.
+    if time.monotonic() - clock.paused_since(started) > started + timeout_s:
         raise ToolTimedOut(tool.name, timeout_s)
     return value
