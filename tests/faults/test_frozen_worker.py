@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,10 @@ FROZEN_S = TIMEOUT_S + HARD_LIMIT_GRACE_S + 4
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])
-def frozen_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Rig:
+def frozen_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
     broker = request.getfixturevalue("rabbit_url") if request.param == "rabbitmq" else None
     with rig(tmp_path / "rig", broker=broker, recovery_s=4.0) as made:
-        yield made  # type: ignore[misc]
+        yield made
 
 
 def test_a_frozen_worker_lets_the_other_workers_result_stand(frozen_rig: Rig) -> None:

@@ -22,8 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from cleveragents.client import SkillClient
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.settings import Settings
-from cleveragents.skills import SkillResult
-from cleveragents.skills import Catalogue
+from cleveragents.skills import Catalogue, SkillResult
 from tests.conftest import Broker
 from tests.runtime.test_mcp_kind import ROOT_TOOL_USER
 from tests.support.mcp_remote import MCP_KIND_SKILLS
