@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
         [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
         [--systems plain,events,chunks,stored,dramatiq,singles,batch,slow] [--paired 600]
-        [--check] [--ablate bind,lookups,schema,deadline,observe]
+        [--check] [--ablate bind,lookups,schema,deadline,observe] [--redis-commands]
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
 each started as its users start it, with its defaults; the trivial tool
@@ -56,6 +56,18 @@ of each system in turn (``--paired`` pairs, the order flipped every pair), and w
 events wanted the same again with plain Celery's task events on. On a virtual
 machine whose speed drifts by half within a minute, only paired samples share their
 moment: the p50 target is judged on them (the rounds' ratios are printed too).
+
+Beside each row, what Redis spent on it: the private ``redis-server``'s CPU
+(``INFO cpu``: used_cpu_sys + used_cpu_user) and its commands (``INFO commandstats``,
+the commands a script runs counted too) read before and after each measurement,
+per invocation (the round trips one at a time included, its own ``INFO`` left
+out), and the ceiling that sets per Redis core: 1e6 / microseconds per
+invocation, invocations a second however many workers there are. Commands are
+deterministic; CPU, like the rates, is compared within a round. And what each
+invocation leaves in Redis until its results expire: ``used_memory`` and keys
+(``INFO memory``, ``INFO keyspace``) after less before (docs/operations.md,
+"Sizing Redis").
+``--redis-commands`` adds each system's commands per invocation, command by command.
 
 Targets (issue 15): batch >= 0.8x chunks; singles >= 0.8x plain jobs/s and p50
 <= 1.15x plain's (paired); slow <= 1.2x its ideal time. The exit status is 0 unless a run
@@ -256,15 +268,83 @@ class Run:
     elapsed: float = 0.0  # seconds, first submit to last result
     times: list[float] = field(default_factory=list)  # sequential round trips, seconds
     ideal: float = 0.0  # slow: the time with every process busy all along
+    redis: RedisUse | None = None  # what Redis did for the whole measurement
 
     @property
     def rate(self) -> float:
         return self.jobs / self.elapsed
 
+    @property
+    def invocations(self) -> int:
+        """Every invocation of the measurement: the round trips one at a time too."""
+        return self.jobs + len(self.times)
+
     def percentile_ms(self, q: int) -> float:
         if len(self.times) < 2:
             return self.times[0] * 1000 if self.times else float("nan")
         return statistics.quantiles(self.times, n=100, method="inclusive")[q - 1] * 1000
+
+    def redis_us(self) -> float:
+        """Microseconds of the redis-server's CPU per invocation."""
+        return self.redis.cpu_s * 1e6 / self.invocations if self.redis else float("nan")
+
+    def redis_bytes(self) -> float:
+        """Bytes of Redis memory each invocation left behind (results, ids, claims: until
+        they expire)."""
+        return self.redis.memory / self.invocations if self.redis else float("nan")
+
+    def redis_keys(self) -> float:
+        """Keys each invocation left behind."""
+        return self.redis.keys / self.invocations if self.redis else float("nan")
+
+    def redis_commands(self) -> float:
+        """Redis commands per invocation (those a script runs included)."""
+        return sum(self.redis.commands.values()) / self.invocations if self.redis else float("nan")
+
+
+@dataclass
+class RedisUse:
+    """The private redis-server's CPU (``INFO cpu``: used_cpu_sys + used_cpu_user) and
+    commands (``INFO commandstats``: calls by command, those scripts run included)."""
+
+    cpu_s: float
+    commands: dict[str, int]
+    usec: dict[str, int] = field(default_factory=dict)  # commandstats' time in each command
+    memory: int = 0  # INFO memory used_memory: what the invocations left stored
+    keys: int = 0  # INFO keyspace: keys of every database
+
+    @classmethod
+    def read(cls, client: Any) -> RedisUse:
+        cpu = client.info("cpu")
+        stats = client.info("commandstats")
+        keyspace = client.info("keyspace")
+        return cls(
+            float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+            {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()},
+            {name.removeprefix("cmdstat_"): int(v["usec"]) for name, v in stats.items()},
+            int(client.info("memory")["used_memory"]),
+            sum(int(db["keys"]) for db in keyspace.values()),
+        )
+
+    def since(self, before: RedisUse) -> RedisUse:
+        """What Redis did between ``before`` and this reading (its own ``INFO`` left out)."""
+        names = [
+            name
+            for name, calls in self.commands.items()
+            if name != "info" and calls > before.commands.get(name, 0)
+        ]
+        return RedisUse(
+            self.cpu_s - before.cpu_s,
+            {name: self.commands[name] - before.commands.get(name, 0) for name in names},
+            {name: self.usec.get(name, 0) - before.usec.get(name, 0) for name in names},
+            self.memory - before.memory,
+            self.keys - before.keys,
+        )
+
+
+def ceiling(us_per_invocation: float) -> float:
+    """Invocations a second that one Redis core serves at this CPU per invocation."""
+    return 1e6 / us_per_invocation if us_per_invocation > 0 else float("nan")
 
 
 @dataclass
@@ -559,7 +639,20 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired)
             if done[0].times
             else ("", "")
         )
-        rows.append((label, _rounds([r.rate for r in done], _rate), ratio, p50, p95))
+        rows.append(
+            (
+                label,
+                _rounds([r.rate for r in done], _rate),
+                ratio,
+                p50,
+                p95,
+                _rounds([r.redis_us() for r in done], lambda v: f"{v:,.1f}"),
+                _rounds([r.redis_commands() for r in done], lambda v: f"{v:.2f}"),
+                _rounds([ceiling(r.redis_us()) for r in done], _rate),
+                _rounds([r.redis_bytes() for r in done], lambda v: f"{v:,.0f}"),
+                _rounds([r.redis_keys() for r in done], lambda v: f"{v:.2f}"),
+            )
+        )
         # Targets, on the median of the rounds
         if system == "singles" and "plain" in runs:
             rate = statistics.median(known)
@@ -623,7 +716,18 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired)
                 f"{'PASS' if ok else 'MISS'}"
             )
     rounds = " / ".join(str(i + 1) for i in range(args.rounds))
-    header = ("system", f"jobs/s (round {rounds})", "ratio, same round", "p50 ms", "p95 ms")
+    header = (
+        "system",
+        f"jobs/s (round {rounds})",
+        "ratio, same round",
+        "p50 ms",
+        "p95 ms",
+        "Redis CPU us/inv",
+        "Redis commands/inv",
+        "ceiling inv/s per Redis core",
+        "Redis bytes kept/inv",
+        "keys kept/inv",
+    )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
     def line(row: tuple[str, ...]) -> str:
@@ -641,7 +745,60 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace, paired: Paired)
     print()
     for verdict in verdicts:
         print(verdict)
+    print(
+        "Redis columns: the private redis-server's INFO cpu (used_cpu_sys + used_cpu_user) and "
+        "INFO commandstats (commands a script runs counted too) over each whole measurement, "
+        "round trips one at a time included, per invocation; ceiling = 1e6 / us per invocation; "
+        "bytes and keys kept: INFO memory used_memory and INFO keyspace after the measurement "
+        "less before (what stays until results expire)"
+    )
     return met
+
+
+def command_table(
+    runs: dict[str, list[Run]],
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per system, each Redis command's calls and microseconds (commandstats' time in
+    the command) per invocation, all rounds together."""
+    table: dict[str, dict[str, tuple[float, float]]] = {}
+    for system, done in runs.items():
+        invocations = sum(r.invocations for r in done)
+        calls: dict[str, int] = {}
+        usec: dict[str, int] = {}
+        for r in done:
+            if r.redis is None:
+                continue
+            for name, n in r.redis.commands.items():
+                calls[name] = calls.get(name, 0) + n
+                usec[name] = usec.get(name, 0) + r.redis.usec.get(name, 0)
+        table[system] = {
+            name: (n / invocations, usec[name] / invocations) for name, n in sorted(calls.items())
+        }
+    return table
+
+
+def print_commands(runs: dict[str, list[Run]]) -> None:
+    """``--redis-commands``: each system's commands per invocation, command by command
+    (calls, and in brackets microseconds in the command: a script's include its own)."""
+    table = command_table(runs)
+    systems = [s for s in SYSTEMS if s in table]
+    names = sorted({n for per in table.values() for n in per})
+    width = max([len("command"), *(len(n) for n in names)])
+    print()
+    print(
+        "Redis commands per invocation, calls (us in the command), INFO commandstats; "
+        "the commands a script runs are counted too, and their time is also its script's"
+    )
+    print("command".ljust(width) + "".join(f"{s:>17}" for s in systems))
+    for name in [*names, "all"]:
+        cells = []
+        for s in systems:
+            if name == "all":  # times not summed: a script's holds its commands'
+                cells.append(f"{sum(c for c, _ in table[s].values()):>8.2f}        ")
+                continue
+            calls, usec = table[s].get(name, (0.0, 0.0))
+            cells.append(f"{calls:>8.3f} ({usec:>5.1f})" if calls else f"{'-':>17}")
+        print(name.ljust(width) + "".join(f"{c:>17}" for c in cells))
 
 
 # --------------------------------------------------------------------------- main
@@ -731,6 +888,9 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
         )
         every.workers["cleveragents"].pause()
 
+    import redis
+
+    server = redis.Redis.from_url(every.redis.url)  # INFO is the server's, whatever the db
     runs: dict[str, list[Run]] = {}
     for index in range(args.rounds):
         order = wanted if index % 2 == 0 else wanted[::-1]
@@ -741,7 +901,9 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
             try:
                 for _ in range(min(5, args.warmup)):
                     system.one()
+                before = RedisUse.read(server)
                 result = system.measure(index)
+                result.redis = RedisUse.read(server).since(before)
             except Exception:
                 print(f"{system_name}: worker log:\n{worker.log_tail()}", file=sys.stderr)
                 raise
@@ -754,11 +916,15 @@ def run(args: argparse.Namespace, wanted: list[str], every: Everything) -> bool:
             )
             print(
                 f"round {index + 1}: {system_name:<8} {result.jobs:>7,} jobs "
-                f"{result.elapsed:7.2f} s  {_rate(result.rate):>7} jobs/s{extra}",
+                f"{result.elapsed:7.2f} s  {_rate(result.rate):>7} jobs/s{extra}  Redis "
+                f"{result.redis_us():.1f} us, {result.redis_commands():.2f} commands "
+                f"per invocation",
                 flush=True,
             )
     paired = measure_paired(args, wanted, every)
     met = report(runs, args, paired)
+    if args.redis_commands:
+        print_commands(runs)
     if every.sink is not None:
         print(f"trace exports received: {every.sink.exports} ({every.sink.bytes:,} bytes)")
     print(f"load {os.getloadavg()[0]:.2f} at the end")
@@ -816,6 +982,11 @@ def main(argv: list[str] | None = None) -> int:
         "--paired", type=int, help="round trips of plain and singles in turns (600; 0: none)"
     )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--redis-commands",
+        action="store_true",
+        help="also print each system's Redis commands per invocation, command by command",
+    )
     parser.add_argument(
         "--trace-sample",
         type=float,
