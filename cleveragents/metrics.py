@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from redis import RedisError
+
 from cleveragents.constants import (
     APPROVAL_INDEX_KEY,
     QUEUE_BATCH,
@@ -35,6 +37,7 @@ from cleveragents.constants import (
 )
 from cleveragents.skills import SkillResult
 from cleveragents.stores import MetricCounts, MetricStore, RedisMetricStore
+from cleveragents.stores.redis_memory import read_memory
 
 __all__ = [
     "BUCKETS",
@@ -415,7 +418,30 @@ def render(redis: Any, queues: QueueGauges | None = None) -> str:
     lines += _histogram(counts)
     lines += _waits(counts)
     lines += _approvals(counts, redis, now)
+    lines += _redis_memory(redis)
     return "\n".join(lines) + "\n"
+
+
+def _redis_memory(redis: Any) -> list[str]:
+    """The results' Redis: memory used, its maxmemory, whether its policy evicts
+    (none when its user may not run INFO)."""
+    try:
+        memory = read_memory(redis)
+    except RedisError:
+        return []
+    return [
+        "# HELP cleveragents_redis_used_memory_bytes Memory the Redis of results and metrics "
+        "uses (INFO memory used_memory).",
+        "# TYPE cleveragents_redis_used_memory_bytes gauge",
+        f"cleveragents_redis_used_memory_bytes {memory.used_bytes}",
+        "# HELP cleveragents_redis_maxmemory_bytes Its maxmemory (0: no limit).",
+        "# TYPE cleveragents_redis_maxmemory_bytes gauge",
+        f"cleveragents_redis_maxmemory_bytes {memory.max_bytes}",
+        "# HELP cleveragents_redis_evicting 1 when its maxmemory-policy evicts keys (workers "
+        "refuse it unless CLEVERAGENTS_ALLOW_EVICTION is set).",
+        "# TYPE cleveragents_redis_evicting gauge",
+        f"cleveragents_redis_evicting{_labels(policy=memory.policy)} {int(memory.evicts)}",
+    ]
 
 
 def _approvals(counts: MetricCounts, redis: Any, now: float) -> list[str]:

@@ -151,6 +151,9 @@ class Settings:
     approval_ttl_s: float = 86400.0
     #: The audit stream keeps about this many events (Redis ``XADD MAXLEN ~``).
     audit_maxlen: int = 1_000_000
+    #: Run on a Redis whose maxmemory-policy evicts keys (it may drop queued
+    #: invocations, write claims and results): refused unless this is set.
+    allow_eviction: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -190,6 +193,7 @@ class Settings:
             approval_for_writes=_flag(env, "CLEVERAGENTS_APPROVAL_FOR_WRITES", False),
             approval_ttl_s=_positive_float(env, "CLEVERAGENTS_APPROVAL_TTL_S", 86400.0),
             audit_maxlen=_positive_int(env, "CLEVERAGENTS_AUDIT_MAXLEN", 1_000_000),
+            allow_eviction=_flag(env, "CLEVERAGENTS_ALLOW_EVICTION", False),
         )
 
     @property

@@ -284,6 +284,8 @@ INTERNALS: tuple[Internal, ...] = (
         f"{CELERY_SRC}/backends/base.py",
         ("celery.backends.redis:RedisBackend._store_result", "override"),
         ("celery.backends.redis:RedisBackend._get_result_meta", "read"),
+        ("celery.backends.redis:RedisBackend.ensure", "override"),
+        ("celery.backends.redis:RedisBackend.on_connection_error", "override"),
     ),
     *_uses(
         "result-backend",
@@ -300,6 +302,15 @@ INTERNALS: tuple[Internal, ...] = (
         ("celery.worker.consumer.consumer:Consumer.create_task_handler", "override"),
         ("celery.worker.consumer.consumer:Consumer.on_send_event_buffered", "override"),
         ("celery.worker.consumer.consumer:Consumer._flush_events", "read"),
+        ("celery.worker.consumer.mingle:Mingle.__init__", "read"),  # its without_mingle
+        ("celery.worker.consumer.gossip:Gossip.__init__", "read"),  # its without_gossip
+    ),
+    *_uses(
+        "consumer",
+        "cleveragents.worker.reconnect_log",
+        f"{CELERY_SRC}/worker/consumer/consumer.py",
+        ("celery.worker.consumer.consumer:CONNECTION_RETRY", "read"),
+        ("celery.worker.consumer.consumer:CONNECTION_ERROR", "read"),
     ),
     *_uses(
         "consumer",

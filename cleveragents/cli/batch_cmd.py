@@ -25,6 +25,7 @@ from cleveragents.batch.api import batch_results, batch_status, run_many, submit
 from cleveragents.batch.seal import BatchIdTaken
 from cleveragents.batch.source import BatchItem, read_jsonl
 from cleveragents.cli.broker_check import cli_client
+from cleveragents.cli.interrupts import Interrupts
 from cleveragents.cli.render import CliFailure, err_console, print_json
 from cleveragents.cli.submit_cmd import local_worker_if_embedded
 from cleveragents.constants import MAX_CHUNK_ITEMS
@@ -247,6 +248,7 @@ def run_batch(
     settings = Settings.from_env()
     tally, bad, bad_lines = Tally(), list[str](), _BadLines()
     started = time.monotonic()
+    interrupts = Interrupts.install()
     with cli_client(settings) as client, _open_out(out_path) as out:
         runner = run_many(
             client,
@@ -260,8 +262,10 @@ def run_batch(
             with local_worker_if_embedded(settings) as local, progress:
                 task = progress.add_task("batch", total=total, rate="0", failures="")
                 _write_all(iter(runner), out, tally, progress, task, bad, bad_lines)
+                interrupts.finishing()  # every result is written: Ctrl-C stops nothing now
                 progress.update(task, completed=tally.done, failures=tally.failures_text())
         except KeyboardInterrupt:
+            interrupts.finishing()
             runner.stop()
             out.flush()
             rest = _what_happens_to_the_rest(settings, local, runner.messages, runner.batch_id)
@@ -271,10 +275,18 @@ def run_batch(
                 "command again to resume (stored results are reused, nothing runs twice).",
                 err=True,
             )
+            interrupts.settle()
             raise click.exceptions.Exit(130) from None
         # Every line has its result: a chunk still waiting holds only finished requests.
         withdraw(settings, runner.messages, batch_id=runner.batch_id)
     _summary(tally, total, bad, time.monotonic() - started, runner.reused)
+    if interrupts.settle():
+        click.echo(
+            f"interrupted as the batch finished: all {tally.done} results were already "
+            f"written to {out_path}; nothing was stopped",
+            err=True,
+        )
+        raise click.exceptions.Exit(130)
     raise click.exceptions.Exit(_exit_code(tally, bad))
 
 

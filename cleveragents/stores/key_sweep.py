@@ -89,7 +89,13 @@ class KeySweep:
                 given = self.round()
             except redis.RedisError as exc:  # Redis away, or a user without the rights
                 if not self._failing:
-                    log.warning("could not give producers' keys a time to live: %s", exc)
+                    # Redis away is said by the consumer, once (worker/reconnect_log.py)
+                    away = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+                    log.log(
+                        logging.DEBUG if away else logging.WARNING,
+                        "could not give producers' keys a time to live: %s",
+                        exc,
+                    )
                 self._failing = True
             else:
                 if given:

@@ -43,6 +43,9 @@ CONTROL_STEP = "celery.worker.consumer.control:Control"
 GUARDED_CONTROL = "cleveragents.worker.remote_control:GuardedControl"
 #: Native delayed delivery, left out (below).
 DELAYED_DELIVERY_STEP = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
+#: Gossip and mingle are off, as ``--without-gossip --without-mingle`` turn them off
+#: (below): the options Celery's worker passes its consumer, which hands them to its steps.
+QUIET_STEPS = {"without_gossip": True, "without_mingle": True}
 
 
 def check_steps(steps: tuple[str, ...] | list[str] | None = None) -> None:
@@ -90,6 +93,16 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         refuse_compressed_bodies()  # at worker start, in the process that decodes messages
+        # Without gossip and mingle, whatever the command line says: nothing of the
+        # product uses them (docs/operations.md, "A log an operator can trust").
+        # Gossip follows the other workers' events, for Celery's leader elections and
+        # "missed heartbeat" lines; Flower reads the events itself, and a dead worker's
+        # invocations come back by the broker's recovery. Mingle asks the running
+        # workers for their revoked ids as a worker starts: a cancelled invocation is
+        # refused by its cancel mark in Redis, which every worker reads. Gossip logged
+        # an ERROR with a traceback on Redis restarts ("Error on restarting Gossip"),
+        # mingle two lines on each reconnection and a second at each start.
+        kwargs["worker_options"] = {**(kwargs.get("worker_options") or {}), **QUIET_STEPS}
         super().__init__(*args, **kwargs)
         self._events_due = False  # a flush of the buffered task events is on the timer
         if state.current().settings.read_only:

@@ -35,7 +35,8 @@ from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.kinds import command as command_tool
 from cleveragents.runtime.limits import set_default_output_limit
 from cleveragents.settings import Settings
-from cleveragents.worker import state, time_limits
+from cleveragents.stores.redis_memory import EvictingRedis, check_eviction
+from cleveragents.worker import reconnect_log, state, time_limits
 from cleveragents.worker.consumer import check_steps
 from cleveragents.worker.process_privacy import make_undumpable
 
@@ -56,6 +57,7 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         verdict = internals.check("worker", broker_of(settings))
         _start_notes.extend((logging.WARNING, line) for line in verdict.warnings)
         check_steps()
+        _check_redis_memory(settings, sender.app.conf.result_backend)
         transport = consumer_transport(settings)
         if transport is not None:  # before the consumer connects (celery_settings)
             sender.app.conf.broker_transport = transport
@@ -75,9 +77,20 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         time_limits.install(sender.app)
         # Load (and log problems) once in the parent: children inherit the catalogue.
         state.current()
-    except ConfigurationError as exc:
+    except (ConfigurationError, EvictingRedis) as exc:
         logging.getLogger("cleveragents.worker").critical("cannot start: %s", exc)
         raise SystemExit(2) from None
+
+
+def _check_redis_memory(settings: Settings, result_backend: Any) -> None:
+    # Each Redis the worker uses must not evict keys (stores/redis_memory.py).
+    urls = [
+        url
+        for url in (settings.broker_url, str(result_backend or ""))
+        if url and url.partition("://")[0].lower() in ("redis", "rediss")
+    ]
+    if urls:
+        _start_notes.extend(check_eviction(urls, allow=settings.allow_eviction))
 
 
 @celeryd_after_setup.connect
@@ -171,6 +184,15 @@ def _start_key_sweep(sender: Any = None, **_: Any) -> None:
 
 
 @worker_ready.connect
+def _start_memory_watch(sender: Any = None, **_: Any) -> None:
+    # Warns before the results' Redis reaches its maxmemory (stores/redis_memory.py).
+    try:
+        state.start_memory_watch(sender.app)
+    except Exception as exc:  # never keeps a worker from serving
+        log.warning("could not start the watch of Redis's memory: %s", exc)
+
+
+@worker_ready.connect
 def _start_approval_sweep(sender: Any = None, **_: Any) -> None:
     # Parked invocations past their expiry are ended (cleveragents/worker/approval_sweep.py).
     try:
@@ -185,6 +207,15 @@ def _announce_ready(**_: Any) -> None:
     ready_file = os.environ.get("CLEVERAGENTS_READY_FILE")
     if ready_file:
         Path(ready_file).write_text(str(os.getpid()), encoding="utf-8")
+
+
+@after_setup_logger.connect
+@worker_ready.connect
+def _quiet_reconnects(**_: Any) -> None:
+    # A broker restart the worker rides out: one warning, one line back (worker/reconnect_log.py).
+    # Again when ready: Celery's logging set-up turns its deprecation warnings on after
+    # after_setup_logger.
+    reconnect_log.install()
 
 
 @after_setup_logger.connect

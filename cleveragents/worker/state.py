@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from kombu.utils.url import maybe_sanitize_url
+
 from cleveragents.approvals.gate import ApprovalGate
 from cleveragents.approvals.model import Resolution
 from cleveragents.constants import STATE_AWAITING_APPROVAL
@@ -19,6 +21,7 @@ from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import RedisGuardStore, open_stores
 from cleveragents.stores.key_sweep import KeySweep
+from cleveragents.stores.redis_memory import MemoryWatch
 from cleveragents.traces.switch import tracing_on
 from cleveragents.worker.approval_sweep import ApprovalSweep
 from cleveragents.worker.invocation_report import WorkerObserver
@@ -164,6 +167,18 @@ def start_key_sweep(backend: Any) -> bool:
     if not isinstance(store, RedisGuardStore):
         return False
     KeySweep(store.client, store.ttl).start()
+    return True
+
+
+def start_memory_watch(app: Any) -> bool:
+    """Warn before the results' Redis fills (the worker's main process, once); True when
+    it started."""
+    store = pipeline(app.backend).guard.store
+    if not isinstance(store, RedisGuardStore):
+        return False
+    settings = current().settings
+    shown = maybe_sanitize_url(settings.result_backend or settings.broker_url or "")
+    MemoryWatch(store.client, shown, settings.result_expires_s).start()
     return True
 
 

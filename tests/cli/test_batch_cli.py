@@ -7,12 +7,14 @@ a ``broker`` run on RabbitMQ too, with the Redis as result backend.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 import redis
 
 from cleveragents.batch.source import MAX_LINE_CHARS
+from cleveragents.cli.interrupts import Interrupts
 from cleveragents.embedded.share import HomeShare, group_alive
 from tests.conftest import Broker
 from tests.support.procs import FIXTURE_SKILLS, REPO, Worker, kill_group, wait_until
@@ -578,6 +581,94 @@ def test_ctrl_c_on_the_embedded_default_says_what_stopped_and_leaves_nothing_que
     assert again.returncode == 0, again.stderr
     _assert_complete_and_once(out, count_file, keys)
     assert _waiting_messages(home) == []
+
+
+def test_ctrl_c_is_answered_whenever_it_comes_even_pressed_again_and_again(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(redis_url)
+    server = redis.Redis.from_url(redis_url)
+    answered = []
+    for attempt in range(3):
+        lines = [
+            {"skill": "test/basic", "tool": "test/echo", "arguments": {"text": f"c{attempt}.{i}"}}
+            for i in range(400)
+        ]
+        batch = write_jsonl(tmp_path / f"late-{attempt}.jsonl", lines)
+        out = tmp_path / f"late-{attempt}.out.jsonl"
+        run = subprocess.Popen(
+            [sys.executable, "-m", "cleveragents", "batch", "run", str(batch), "--out", str(out)],
+            env=cli_env(redis_url), cwd=tmp_path, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        stored = 400 * attempt + 100  # a quarter of this batch's results
+        try:
+            # Given a batch under way: a person presses Ctrl-C, again and again, until it
+            # ends (where one lands in the command's last phase is timing's: the
+            # Interrupts tests below take each phase in turn)
+            wait_until(
+                lambda n=stored, run=run: run.poll() is not None
+                or sum(1 for _ in server.scan_iter("celery-task-meta-*", count=1000)) >= n,
+                60,
+                "results stored",
+            )
+            while run.poll() is None:
+                run.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    run.wait(0.02)
+            _, stderr = run.communicate(timeout=60)
+        finally:
+            if run.poll() is None:
+                kill_group(run)
+        text = stderr.decode()
+        # Then it says what the signal found, exits 130, and never breaks into a traceback
+        assert "Traceback" not in text, text
+        assert "Aborted!" not in text, text
+        if run.returncode == 0:
+            continue  # it had ended before the first signal came
+        assert run.returncode == 130, text
+        stopped = "interrupted: " in text and "Run the same command again to resume" in text
+        finished = (
+            f"interrupted as the batch finished: all 400 results were already written to {out}"
+            in text
+        )
+        assert stopped or finished, text
+        answered.append("finished" if finished else "stopped")
+    assert answered, "every run ended before its first Ctrl-C: make the batch longer"
+
+
+def _ctrl_c() -> None:
+    """A Ctrl-C to this process, its handler run before this returns."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+
+
+def test_interrupts_stop_a_run_once_then_count_and_leave_the_exit_code_alone() -> None:
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        # While results are awaited, the first Ctrl-C stops the run
+        interrupts = Interrupts.install()
+        with pytest.raises(KeyboardInterrupt):
+            _ctrl_c()
+        # And the next ones, as its message is written, only count
+        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupts.count == 2
+        assert interrupts.settle() is True  # said as late: it found the run stopping
+        # Once settled (the command exits), a Ctrl-C is ignored: the exit code stands
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+        # Once every result is written, a Ctrl-C stops nothing and is said at the end
+        finished = Interrupts.install()
+        finished.finishing()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert finished.settle() is True
+        # And a run nobody interrupted says nothing
+        quiet = Interrupts.install()
+        quiet.finishing()
+        assert quiet.settle() is False
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # --- background batches ------------------------------------------------------------------

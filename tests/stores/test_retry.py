@@ -52,3 +52,16 @@ def test_an_outage_is_said_at_most_every_warn_every_s(
             _, operation = _flaky(1)
             retrying(operation, for_s=10)  # type: ignore[arg-type]
     assert len(caplog.records) == 1
+
+
+def test_the_end_of_an_outage_is_said_once_after_its_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retry, "_warned_at", None)
+    monkeypatch.setattr(retry, "_said_away", False)
+    with caplog.at_level(logging.INFO, logger="cleveragents.stores.redis_retry"):
+        for _ in range(3):  # operations of one process meet one outage, and get through
+            _, operation = _flaky(1)
+            retrying(operation, for_s=10)  # type: ignore[arg-type]
+    said = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records]
+    assert said == [("WARNING", "Redis did not answer"), ("INFO", "Redis answers again")]

@@ -158,6 +158,7 @@ class Heartbeat:
         self._ok_since: float | None = None
         self._last_ok = float("-inf")
         self._failing = False
+        self._said_level = logging.WARNING  # the level its failure was said at
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -211,7 +212,16 @@ class Heartbeat:
             self._ok_since = None
             if not self._failing:
                 self._failing = True
-                log.warning("heartbeat failed, retrying every %.1fs: %s", self.timing.beat_s, exc)
+                # Redis away: the consumer says so, once (worker/reconnect_log.py); any
+                # other refusal (an ACL without a command) is the heartbeat's own to say.
+                away = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                self._said_level = logging.DEBUG if away else logging.WARNING
+                log.log(
+                    self._said_level,
+                    "heartbeat failed, retrying every %.1fs: %s",
+                    self.timing.beat_s,
+                    exc,
+                )
             return False
         now = time.monotonic()
         if self._ok_since is None:
@@ -219,7 +229,7 @@ class Heartbeat:
         self._last_ok = now
         if self._failing:
             self._failing = False
-            log.info("heartbeat back")
+            log.log(min(self._said_level, logging.INFO), "heartbeat back")
         with self._lock:
             self._retired.difference_update(retired)
         return True

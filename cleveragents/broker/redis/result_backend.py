@@ -27,6 +27,7 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
+from cleveragents.stores.redis_retry import say_away, say_back
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = ["BACKEND_CLASS", "STORE_LUA", "RedisBackend", "worker_result_backend"]
@@ -50,10 +51,28 @@ return 1
 class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
     """Celery's Redis result backend with a state stored in one script (module docstring)."""
 
+    #: Whether the store under way met Redis away (``ensure``).
+    _away = False
     # Celery's, absent from its stubs.
     _get_result_meta: Any
     expires: Any
     failure_expires: Any
+
+    def ensure(self, fun: Any, args: Any, **policy: Any) -> Any:
+        """Celery's retries of a store while Redis is away, said as the stores say theirs:
+        one warning an outage, one line when it answers again (not an ERROR a retry)."""
+        self._away = False
+        value = super().ensure(fun, args, **policy)
+        if self._away:
+            say_back()
+        return value
+
+    def on_connection_error(  # type: ignore[override]
+        self, max_retries: Any, exc: Exception, intervals: Any, retries: int
+    ) -> float:
+        self._away = True
+        say_away(exc)
+        return float(next(intervals))
 
     @cached_property
     def _store_script(self) -> Any:

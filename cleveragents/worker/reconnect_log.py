@@ -1,0 +1,89 @@
+"""A broker that goes away and comes back: one warning, and one line when it is back.
+
+Celery's consumer logs a Redis restart it rides out as a warning, then an ERROR
+for each attempt to connect again ("Cannot connect to ...: Trying again in 2.00
+seconds... (1/None)"), a pending-deprecation warning with a paragraph of text, and
+a line about prefetch counts: an operator cannot tell that from a real fault. Here
+the first warning stays; the attempts are said again only once a minute while the
+broker stays away (as warnings: the worker is riding it out); the paragraph and the
+prefetch line go; and the line Celery logs on connecting says how long it took.
+
+The records are matched on Celery's own message constants (imported, not copied):
+a Celery that words them otherwise is let through unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+from celery.exceptions import CPendingDeprecationWarning
+from celery.worker.consumer import consumer as celery_consumer
+
+__all__ = ["STILL_AWAY_EVERY_S", "ReconnectLog", "install"]
+
+#: While the broker stays away, the attempts to reach it are said this often.
+STILL_AWAY_EVERY_S = 60.0
+#: The loggers of Celery's consumer and of its connection step.
+CONSUMER_LOGGER = "celery.worker.consumer.consumer"
+CONNECTION_LOGGER = "celery.worker.consumer.connection"
+#: Celery's texts of a lost connection and of an attempt to connect.
+CONNECTION_RETRY: str = celery_consumer.CONNECTION_RETRY  # type: ignore[attr-defined]
+CONNECTION_ERROR: str = celery_consumer.CONNECTION_ERROR  # type: ignore[attr-defined]
+#: Celery's info line after a reconnection in per-consumer QoS mode (nothing to act on).
+_PREFETCH_SKIPPED = "Skipping prefetch count reduction"
+
+
+class ReconnectLog(logging.Filter):
+    """Filters and rewords the consumer's records of a lost broker connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_at: float | None = None
+        self.said_at = float("-inf")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        msg = record.msg if isinstance(record.msg, str) else ""
+        args = record.args if isinstance(record.args, tuple) else ()
+        if msg.startswith(_PREFETCH_SKIPPED):
+            return False
+        if args and args[0] == CONNECTION_RETRY:
+            self.lost_at = now  # "Connection to broker lost": the one warning
+            self.said_at = now
+            return True
+        if msg == CONNECTION_ERROR:
+            if now - self.said_at < STILL_AWAY_EVERY_S:
+                return False
+            self.said_at = now
+            if self.lost_at is None:  # never connected yet: Celery's line, once a minute
+                return True
+            uri, exc = (*args, "", "")[:2]
+            record.msg = "consumer: still cannot reach %s after %.0f s (%s); retrying"
+            record.args = (uri, now - self.lost_at, exc)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+        if msg.startswith("Connected to") and self.lost_at is not None:
+            record.msg = f"{msg} again, after %.1f s away"
+            record.args = (*args, now - self.lost_at)
+            self.lost_at = None
+            self.said_at = float("-inf")
+        return True
+
+
+def install() -> ReconnectLog:
+    """Put the filter on Celery's consumer loggers and silence the paragraph (a worker's
+    main process, as logging is set up)."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"\s*In Celery 5\.1 we introduced an optional breaking change",
+        category=CPendingDeprecationWarning,
+    )
+    shared = ReconnectLog()
+    for name in (CONSUMER_LOGGER, CONNECTION_LOGGER):
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, ReconnectLog)]:
+            logger.removeFilter(old)
+        logger.addFilter(shared)
+    return shared

@@ -1,0 +1,100 @@
+"""A Redis restart the worker rides out leaves one warning and one line back, no traceback.
+
+The worker is started as its users start it (``cleveragents worker``, no
+``--without-gossip``), on a private redis-server with its append-only file, with
+invocations running while Redis is killed and started again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleveragents.client import SkillClient
+from cleveragents.settings import Settings
+from tests.support.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+RESTARTS = 2
+
+
+@pytest.fixture
+def aof_redis() -> Iterator[RedisServer]:
+    server = RedisServer(persistence=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_redis_restart_leaves_one_warning_one_line_back_and_no_traceback(
+    aof_redis: RedisServer, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "CLEVERAGENTS_BROKER_URL": aof_redis.url,
+        "CLEVERAGENTS_RESULT_BACKEND": aof_redis.url,
+        "CLEVERAGENTS_CATALOGUE": str(EXAMPLE_SKILLS),
+        "CLEVERAGENTS_READY_FILE": str(tmp_path / "ready"),
+        "CLEVERAGENTS_HOME": str(tmp_path / "home"),
+    }
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cleveragents", "worker", "--concurrency", "2"],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: (tmp_path / "ready").exists() or worker.poll() is not None, 60, "ready")
+        assert worker.poll() is None, log_path.read_text()
+        client = SkillClient(settings=Settings.from_env(env))
+        sent = []
+        for restart in range(RESTARTS):
+            # Given invocations running and waiting as Redis goes away
+            sent += [
+                client.submit(client.build_request("local/common", "local/sleep", {"seconds": 1.5}))
+                for _ in range(4)
+            ]
+            time.sleep(0.5)
+            aof_redis.stop(signal.SIGKILL)
+            time.sleep(3)
+            aof_redis.start()
+            wait_until(
+                lambda n=restart: log_path.read_text().count("again, after") > n,
+                60,
+                "the worker connected again",
+            )
+        # Then every invocation ends in a success
+        results = [handle.result(timeout=90) for handle in sent]
+        assert [r.success for r in results] == [True] * len(sent), [r.error for r in results]
+        time.sleep(1)
+    finally:
+        worker.send_signal(signal.SIGTERM)  # as docker stop does: the main process only
+        try:
+            worker.wait(30)
+        finally:
+            kill_group(worker, signal.SIGKILL)
+    text = log_path.read_text(errors="replace")
+    # And the log holds, per restart, one warning of the loss and one line back
+    assert text.count("consumer: Connection to broker lost") == RESTARTS, text
+    assert len(re.findall(r"Connected to .* again, after \d+\.\d s away", text)) == RESTARTS
+    # And no traceback, no ERROR line, no gossip or mingle, no deprecation paragraph
+    assert "Traceback" not in text, text
+    assert not re.search(r"ERROR/|CRITICAL/", text), text
+    assert "Gossip" not in text
+    assert "mingle" not in text
+    assert "CPendingDeprecationWarning" not in text
+    assert "Cannot connect to" not in text  # the attempts within a minute are not said
