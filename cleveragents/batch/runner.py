@@ -31,6 +31,8 @@ __all__ = ["BatchRunner", "invalid_payload"]
 
 #: Requests per chunk message.
 DEFAULT_CHUNK = 500
+#: How often the window is read past its front, and counted, for progress (``finished``).
+LOOK_AHEAD_EVERY_S = 0.5
 #: At most this many requests are submitted and not yet written out (bounds memory).
 DEFAULT_WINDOW = 20_000
 #: Longest pause between two reads of the result store.
@@ -101,6 +103,12 @@ class BatchRunner:
         self.stopped = False
         #: Ids of the chunk messages this run sent, in order (one per chunk, not per line).
         self.messages: list[str] = []
+        #: Lines yielded so far; when the window was last read ahead and counted.
+        self.released = 0
+        self._looked_at = self._counted_at = float("-inf")
+        self._held = 0
+        #: Called while the run waits for the line whose turn it is (a progress bar).
+        self.on_idle: Callable[[], None] | None = None
 
     def stop(self) -> None:
         """End the run: submit nothing more and yield nothing more (Ctrl-C).
@@ -169,16 +177,31 @@ class BatchRunner:
             self._flush(False)
             self._flush(True)
 
+    @property
+    def finished(self) -> int:
+        """Lines with their result, in any order: those yielded, and those found ahead."""
+        now = time.monotonic()
+        if now - self._counted_at >= LOOK_AHEAD_EVERY_S:
+            self._counted_at, self._held = now, self.gather.held()
+        return self.released + self._held
+
     def __iter__(self) -> Iterator[Entry]:
         pause = 0.001
         while not self.stopped:
             self._fill()
             ready = self.gather.release() or self.gather.poll()
+            now = time.monotonic()
+            if now - self._looked_at >= LOOK_AHEAD_EVERY_S:
+                self._looked_at = now
+                self.gather.look_ahead()
             if ready:
+                self.released += len(ready)
                 yield from ready
                 pause = 0.001
                 continue
             if not self.gather.pending and self.exhausted:
                 return
+            if self.on_idle is not None:
+                self.on_idle()
             time.sleep(pause)
             pause = min(pause * 2, MAX_POLL_S)

@@ -117,6 +117,7 @@ def _progress(total: int) -> Progress:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
+        TextColumn("{task.fields[written]}"),
         TextColumn("{task.fields[failures]}"),
         console=err_console,
         disable=not err_console.is_terminal,
@@ -150,7 +151,7 @@ def _exit_code(tally: Tally, bad: list[str]) -> int:
 
 
 def _write_all(
-    entries: Iterator[Any],
+    runner: Any,
     out: TextIO,
     tally: Tally,
     progress: Progress,
@@ -158,22 +159,40 @@ def _write_all(
     bad: list[str],
     bad_lines: dict[int, str],
 ) -> None:
+    """Write each result in input order; the bar counts lines finished in any order (the
+    work done), and says how many are written beside it, also while the line whose turn
+    it is still runs (``runner.on_idle``)."""
     started = time.monotonic()
-    last = 0.0
-    for entry in entries:
+    last = [0.0]
+
+    def show() -> None:
+        now = time.monotonic()
+        if now - last[0] > 0.1:
+            last[0] = now
+            _show(progress, task, runner, tally, started)
+
+    runner.on_idle = show
+    for entry in runner:
         payload = entry.payload or {}
         out.write(json_text(payload) + "\n")
         tally.add(payload)
         problem = bad_lines.pop(entry.line, None)
         if problem:
             bad.append(problem)
-        now = time.monotonic()
-        if now - last > 0.1:
-            last = now
-            rate = tally.done / (now - started) if now > started else 0.0
-            progress.update(
-                task, completed=tally.done, rate=f"{rate:,.0f}", failures=tally.failures_text()
-            )
+        show()
+
+
+def _show(progress: Progress, task: Any, runner: Any, tally: Tally, started: float) -> None:
+    finished = max(runner.finished, tally.done)
+    elapsed = time.monotonic() - started
+    rate = finished / elapsed if elapsed > 0 else 0.0
+    progress.update(
+        task,
+        completed=finished,
+        rate=f"{rate:,.0f}",
+        written=f"written {tally.done:,}",
+        failures=tally.failures_text(),
+    )
 
 
 class _BadLines(dict[int, str]):
@@ -260,10 +279,17 @@ def run_batch(
         local: LocalWorker | None = None
         try:
             with local_worker_if_embedded(settings) as local, progress:
-                task = progress.add_task("batch", total=total, rate="0", failures="")
-                _write_all(iter(runner), out, tally, progress, task, bad, bad_lines)
+                task = progress.add_task(
+                    "batch", total=total, rate="0", written="written 0", failures=""
+                )
+                _write_all(runner, out, tally, progress, task, bad, bad_lines)
                 interrupts.finishing()  # every result is written: Ctrl-C stops nothing now
-                progress.update(task, completed=tally.done, failures=tally.failures_text())
+                progress.update(
+                    task,
+                    completed=tally.done,
+                    written=f"written {tally.done:,}",
+                    failures=tally.failures_text(),
+                )
         except KeyboardInterrupt:
             interrupts.finishing()
             runner.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -635,6 +636,34 @@ def test_ctrl_c_is_answered_whenever_it_comes_even_pressed_again_and_again(
         assert stopped or finished, text
         answered.append("finished" if finished else "stopped")
     assert answered, "every run ended before its first Ctrl-C: make the batch longer"
+
+
+def test_the_progress_bar_counts_lines_finished_in_any_order_and_says_what_is_written(
+    redis_url: str, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(redis_url)
+    # Given a batch whose first line runs for seconds and whose others are quick
+    lines: list[dict[str, Any]] = [
+        {"skill": "local/common", "tool": "local/sleep", "arguments": {"seconds": 4}}
+    ]
+    lines += [
+        {"skill": "local/common", "tool": "local/echo", "arguments": {"text": f"p{i}"}}
+        for i in range(599)
+    ]
+    batch = write_jsonl(tmp_path / "slow-first.jsonl", lines)
+    # When it runs with its progress bar drawn (as on a terminal)
+    done = run_cli(
+        "batch", "run", str(batch), "--out", str(tmp_path / "out.jsonl"), "--chunk-size", "20",
+        env=cli_env(redis_url, FORCE_COLOR="1", COLUMNS="200", TERM="xterm"),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", done.stderr)
+    frames = re.findall(r"(\d+)/600 .*?written (\d+)", drawn)
+    # Then, while the first line still ran, the bar showed the other lines done, and
+    # none written: their turn had not come
+    assert any(int(n) >= 300 and written == "0" for n, written in frames), frames[-20:]
+    assert frames[-1] == ("600", "600")
 
 
 def _ctrl_c() -> None:
