@@ -248,6 +248,8 @@ class _Slice:
         self.careful = careful
         self.pending: list[tuple[str, SkillResult]] = []
         self.seen: set[str] = set()
+        #: Ids whose result is another run's finished write (not observed again here).
+        self.elsewhere: set[str] = set()
         self.ran = self.skipped = 0
 
     def run_group(self, bodies: Sequence[Any], offset: int, clock: _Clock) -> int:
@@ -271,7 +273,8 @@ class _Slice:
             if result is None:  # sent back to wait: its result comes from that message
                 self.ran += 1
                 continue
-            self.pipeline.observe(rid, result)
+            if rid not in self.elsewhere:
+                self.pipeline.observe(rid, result)
             if not result.success and self.report is not None:
                 runtime = time.monotonic() - began
                 self.failures.append(ItemFailure(index, rid, body, result, started, runtime))
@@ -310,7 +313,7 @@ class _Slice:
                 return None
             permits = taken
         try:
-            result = self.pipeline.run_guarded(
+            delivered = self.pipeline.run_delivery(
                 body,
                 rid,
                 redelivered=self.careful,
@@ -323,6 +326,9 @@ class _Slice:
         finally:
             for permit in permits:
                 permit.release()
+        result = delivered.result
+        if delivered.elsewhere:  # another run's write: that run counted and logged it
+            self.elsewhere.add(rid)
         if found is None or found.tool.retry is None:
             return with_attempts(result, 1)
         delay = retry_delay_s(found.tool, result, 1)

@@ -158,14 +158,18 @@ class Guard:
         first = 1 if self.store.marks_redeliveries else 0
         return self.store.attempt(request_id) + first
 
-    def await_first_run(self, request_id: str, body: Any, claim: Claim | None) -> SkillResult:
-        """The result of a write claimed by another run: wait for it while that run may go on."""
+    def await_first_run(
+        self, request_id: str, body: Any, claim: Claim | None
+    ) -> tuple[SkillResult, bool]:
+        """The result of a write claimed by another run: wait for it while that run may go
+        on. True with it when it is that run's own result (counted and logged by that
+        run, not again here); False when that run was lost (``write_interrupted``)."""
         while claim is not None and claim.running():
             time.sleep(self.poll_s)
             claim = self.store.read_claim(request_id)
         if claim is not None and claim.done is not None:
-            return SkillResult.model_validate(claim.done)
-        return interrupted_result(body)
+            return SkillResult.model_validate(claim.done), True
+        return interrupted_result(body), False
 
 
 class Delivery:
@@ -189,6 +193,8 @@ class Delivery:
         self.chunk_item = chunk_item
         #: The delivery's result when it must not run (poison, or another run's write).
         self.settled: SkillResult | None = None
+        #: Its result is another run's (a write that run finished): that run reported it.
+        self.elsewhere = False
         self._owns_claim = False
         self._held: Claim | None = None
 
@@ -214,7 +220,8 @@ class Delivery:
         if claim is not None and claim.running():
             # Handed out again while its first run is alive (a tool that outlives the
             # visibility timeout): not a sign of poison. Wait for that run instead.
-            return guard.await_first_run(request_id, self.body, claim)
+            result, self.elsewhere = guard.await_first_run(request_id, self.body, claim)
+            return result
         deliveries = guard.deliveries(self.count_as)
         if deliveries <= MAX_ATTEMPTS:
             return None
@@ -243,5 +250,8 @@ class Delivery:
             self.guard.store.finish(self.request_id, result_payload(result, self.request_id))
             return result
         if self._held is not None:
-            return self.guard.await_first_run(self.request_id, self.body, self._held)
+            result, self.elsewhere = self.guard.await_first_run(
+                self.request_id, self.body, self._held
+            )
+            return result
         return result

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from cleveragents.approvals.gate import ApprovalGate
 from cleveragents.approvals.model import AwaitingApproval
@@ -23,7 +23,7 @@ from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import ResultStore, StartedMark, Stores
 from cleveragents.stores.audit import AuditLog
 
-__all__ = ["Observer", "Pipeline", "execute"]
+__all__ = ["Delivered", "Observer", "Pipeline", "execute"]
 
 #: Told of every finished invocation (a worker logs its line and counts it).
 Observer = Callable[[str, SkillResult], None]
@@ -263,11 +263,34 @@ class Pipeline:
         Raises:
             AwaitingApproval: its tool needs a person's approval; it is parked.
         """
+        return self.run_delivery(
+            body,
+            request_id,
+            redelivered=redelivered,
+            chunk_item=chunk_item,
+            resent=resent,
+            asked_by=asked_by,
+            trace=trace,
+        ).result
+
+    def run_delivery(
+        self,
+        body: Any,
+        request_id: str,
+        *,
+        redelivered: bool,
+        chunk_item: bool = False,
+        resent: str = "",
+        asked_by: str | None = None,
+        trace: Mapping[str, str] | None = None,
+    ) -> Delivered:
+        """``run_guarded``, saying whether the result is another run's: a write that run
+        finished, which that run counted and logged (observe it only when it is not)."""
         with self.guard.delivery(
             request_id, body, redelivered=redelivered, chunk_item=chunk_item, resent=resent
         ) as delivery:
             if delivery.settled is not None:
-                return delivery.settled
+                return Delivered(delivery.settled, delivery.elsewhere)
             first = not (redelivered or resent)
             ran = self.run(
                 body,
@@ -277,7 +300,15 @@ class Pipeline:
                 asked_by=asked_by,
                 trace=trace,
             )
-            return delivery.finish(ran)
+            result = delivery.finish(ran)
+            return Delivered(result, delivery.elsewhere)
+
+
+class Delivered(NamedTuple):
+    """A delivery's result, and whether it is another run's (already reported by it)."""
+
+    result: SkillResult
+    elsewhere: bool
 
 
 def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool) -> SkillResult:
@@ -287,9 +318,11 @@ def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool
     A message without one (not our producer's) runs unguarded: there is no id to
     store its result under anyway.
     """
-    if request_id:
-        result = pipeline.run_guarded(body, request_id, redelivered=redelivered)
-    else:
+    if not request_id:
         result = pipeline.run(body)
-    pipeline.observe(request_id, result)
-    return result
+        pipeline.observe(request_id, result)
+        return result
+    delivered = pipeline.run_delivery(body, request_id, redelivered=redelivered)
+    if not delivered.elsewhere:
+        pipeline.observe(request_id, delivered.result)
+    return delivered.result

@@ -33,6 +33,8 @@ from cleveragents.worker.celery_app import app
 __all__ = ["invoke", "origin", "redelivered"]
 
 log = logging.getLogger("cleveragents.worker")
+#: Ids whose delivery in this process returned another run's finished write (``_run``).
+_elsewhere: set[str] = set()
 
 
 def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str) -> Any:
@@ -93,6 +95,8 @@ def _invoke(
     clock, began = pause_clock(), time.monotonic()  # the clock: started once per process
     try:
         result = _run(self, pipeline, body, task_id)
+        elsewhere = task_id in _elsewhere
+        _elsewhere.discard(task_id)
     except AwaitingApproval as parked:  # in the approval store: no process waits for it
         _say_parked(self, parked)
         if record is not None:
@@ -111,7 +115,8 @@ def _invoke(
             _retry_later(self, pipeline, result, attempt, delay)
     if not _cancelled(result):
         result = with_attempts(result, attempt)
-    pipeline.observe(task_id, result)
+    if not elsewhere:
+        pipeline.observe(task_id, result)
     payload = result_payload(result, task_id)
     if record is not None:
         record(result, None)
@@ -171,7 +176,7 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
     if answer is None:
         if not task_id:
             return pipeline.run(body)
-        return pipeline.run_guarded(
+        delivered = pipeline.run_delivery(
             body,
             task_id,
             redelivered=redelivered(task),
@@ -179,6 +184,9 @@ def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> S
             asked_by=origin(task),
             trace=message_carrier(task),
         )
+        if delivered.elsewhere:  # another run's write, counted and logged by that run
+            _elsewhere.add(task_id)
+        return delivered.result
     reason = answer.error.details.get("reason") if answer.error is not None else None
     if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
         return answer
