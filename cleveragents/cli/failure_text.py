@@ -81,6 +81,14 @@ def fix_for(error: SkillError) -> str | None:
             f"`cleveragents skills show {error.skill_name}` lists its tools; "
             "`cleveragents skills check` finds broken includes"
         )
+    tool_user = details.get("tool_user")
+    if isinstance(tool_user, str):
+        return (
+            f"the tool ran as {tool_user!r} (a root worker runs command tools as that user): "
+            f"give {tool_user!r} access to the files and programs it needs (a folder it may "
+            "read and write, an interpreter outside root's home), or set "
+            "CLEVERAGENTS_TOOL_USER on the worker to a user who has it"
+        )
     gate = details.get("gate")
     if isinstance(gate, str) and gate in _GATE_FIXES:
         return _GATE_FIXES[gate]

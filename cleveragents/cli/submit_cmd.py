@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -21,9 +22,10 @@ from cleveragents.constants import (
     STATE_AWAITING_APPROVAL,
 )
 from cleveragents.embedded.runner import LocalWorker
-from cleveragents.errors import SchemaValidationError
+from cleveragents.errors import ConfigurationError, SchemaValidationError
 from cleveragents.messages import result_payload
 from cleveragents.pipeline.binding import RequestIdReused
+from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.invoke import read_json
 from cleveragents.runtime.text import json_text
 from cleveragents.settings import Settings
@@ -67,7 +69,25 @@ def local_worker_if_embedded(settings: Settings) -> Iterator[LocalWorker | None]
         yield None
         return
     with LocalWorker(settings) as local:
+        if local.spawned:
+            _say_tool_user(settings)
         yield local
+
+
+def _say_tool_user(settings: Settings) -> None:
+    """Once, as a command starts the local worker as root: who its command tools run as."""
+    try:
+        user = tool_user_for(settings.tool_user)
+    except ConfigurationError:
+        return  # the worker's own start says why
+    if user is None or os.geteuid() != 0:
+        return
+    click.echo(
+        f"note: the local worker runs as root, so command tools and MCP servers run as "
+        f"{user.name!r}, who may not read or write files only root can (such as those in "
+        "root's home); CLEVERAGENTS_TOOL_USER chooses another user",
+        err=True,
+    )
 
 
 def show_result(

@@ -135,6 +135,8 @@ class LocalWorker:
         self._users: IO[bytes] | None = None
         #: True once this command, the last one out, stopped the worker.
         self.stopped_worker = False
+        #: True when this command started the worker (others joined one running).
+        self.spawned = False
 
     def start(self) -> LocalWorker:
         """Join the home's local worker, starting it if none runs; return once it consumes."""
@@ -150,6 +152,7 @@ class LocalWorker:
                 if record is None:
                     record = self._spawn()
                     self.share.write(record)
+                    self.spawned = True
             self.pid = record.pid
         except BaseException:
             self.stop()

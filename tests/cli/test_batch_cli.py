@@ -530,6 +530,9 @@ def test_the_example_batch_runs_on_the_embedded_default_with_no_server(tmp_path:
     for payload, line in zip(results, expected, strict=True):
         assert set(payload) == RESULT_FIELDS
         assert (payload["skill_name"], payload["tool_name"]) == (line["skill"], line["tool"])
+    # And a command that starts the local worker as root says, once, who its tools run as
+    said = "note: the local worker runs as root, so command tools and MCP servers run as 'nobody'"
+    assert done.stderr.count(said) == (1 if os.geteuid() == 0 else 0), done.stderr
 
 
 def _waiting_messages(home: Path) -> list[Path]:

@@ -385,3 +385,43 @@ def test_make_undumpable_reports_what_it_did() -> None:
 def _written(path: Path) -> bool:
     """Whether ``path`` holds its line yet (a file is created before it is written)."""
     return path.exists() and bool(path.read_text(encoding="utf-8").strip())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_a_tool_refused_by_file_permissions_says_who_it_ran_as_and_the_fix(tmp_path: Path) -> None:
+    from cleveragents.cli.failure_text import fix_for
+    from cleveragents.skills import SkillError
+
+    # Given a root-owned file only root may write, and a command tool run as nobody
+    target = tmp_path / "log.txt"
+    target.write_text("")
+    target.chmod(0o600)
+    tool = ToolSpec(
+        name="test/append-log", source="command", command=["sh", "-c", f"echo x >> {target}"]
+    )
+    # When it fails to write there
+    with pytest.raises(ToolExecutionError) as failed:
+        run_command_tool(tool, {}, 5.0, user=NOBODY, own_python=False)
+    # Then its message says who ran it, and its fix how to change that
+    assert "Permission denied" in failed.value.details["stderr_tail"]
+    assert str(failed.value).endswith(
+        "(it ran as user 'nobody', who may not read or write what the worker's user can)"
+    )
+    assert failed.value.details["tool_user"] == "nobody"
+    error = SkillError(
+        skill_name="test/confined",
+        error_type=SkillErrorType.TOOL_EXECUTION_FAILURE,
+        message=str(failed.value),
+        details=failed.value.details,
+    )
+    fix = fix_for(error)
+    assert fix is not None
+    assert "ran as 'nobody'" in fix
+    assert "CLEVERAGENTS_TOOL_USER" in fix
+    # And a failure that is not about permissions says nothing of the user
+    with pytest.raises(ToolExecutionError) as other:
+        run_command_tool(
+            ToolSpec(name="test/exit-3", source="command", command=["sh", "-c", "exit 3"]),
+            {}, 5.0, user=NOBODY, own_python=False,
+        )
+    assert "tool_user" not in other.value.details

@@ -34,6 +34,7 @@ from typing import Any
 
 from cleveragents.constants import REDACTED, STDERR_TAIL_CHARS, STDOUT_HEAD_CHARS
 from cleveragents.errors import (
+    CleverAgentsError,
     ToolActivationError,
     ToolExecutionError,
     ToolOutputTooLarge,
@@ -174,8 +175,7 @@ def _check(
         )
     if finished.exit_code == EX_TEMPFAIL:  # sysexits: "try again later"
         raise TransientToolError(
-            f"tool {tool.name!r} exited with code {EX_TEMPFAIL} (EX_TEMPFAIL: a transient "
-            "failure)",
+            f"tool {tool.name!r} exited with code {EX_TEMPFAIL} (EX_TEMPFAIL: a transient failure)",
             details={"exit_code": finished.exit_code, "stderr_tail": tail},
         )
     if finished.exit_code != 0:
@@ -194,6 +194,29 @@ def _check(
                 "stdout_head": _excerpt(finished.stdout, arguments, head=True),
             },
         ) from None
+
+
+#: What a refusal by file permissions looks like in an error or a stderr tail.
+_DENIED = ("Permission denied", "EACCES", "Errno 13")
+
+
+def _said_who_ran_it(
+    exc: CleverAgentsError, finished: Finished, user: ToolUser | None
+) -> CleverAgentsError:
+    """``exc``, saying who the tool ran as when file permissions refused it something
+    and that user is not the worker's: the worker's own files are not that user's."""
+    if user is None:
+        return exc
+    tail = finished.stderr_tail.decode("utf-8", errors="replace")
+    seen = f"{finished.exec_error or ''}\n{tail}"
+    if not any(mark in seen for mark in _DENIED):
+        return exc
+    exc.args = (
+        f"{exc} (it ran as user {user.name!r}, who may not read or write what the "
+        "worker's user can)",
+    )
+    exc.details = {**exc.details, "tool_user": user.name}
+    return exc
 
 
 @contextlib.contextmanager
@@ -237,7 +260,10 @@ def run_command_tool(
                 f"tool activation failed for {tool.name!r}: cannot start its shepherd: {exc}",
                 details={"command": argv},
             ) from None
-        data = _check(tool, argv, finished, arguments, timeout_s)
+        try:
+            data = _check(tool, argv, finished, arguments, timeout_s)
+        except (ToolActivationError, ToolExecutionError) as exc:
+            raise _said_who_ran_it(exc, finished, user) from None
         budget = limit - len(finished.stdout)
         changes = _read_changes(Path(env["CLEVERAGENTS_RESOURCE_CHANGES"]), user, budget, tool.name)
         return ToolOutput(data, changes)
