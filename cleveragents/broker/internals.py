@@ -327,6 +327,7 @@ INTERNALS: tuple[Internal, ...] = (
         ("celery.worker.request:Request._kwargsrepr+", "read"),
         ("celery.worker.request:Request._body+", "read"),
         ("celery.worker.request:Request._decoded+", "read"),
+        ("celery.worker.request:Request.send_event", "override"),
         ("celery.worker.request:Request._request_dict+", "read"),
     ),
     # The hard time limit's answer.

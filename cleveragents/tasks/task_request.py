@@ -18,7 +18,7 @@ from typing import Any
 from celery.worker.request import Request
 
 from cleveragents.constants import BATCH_HEADER, REDACTED, TASK_INVOKE_CHUNK
-from cleveragents.messages import ChunkContext, chunk_repr, redacted_repr
+from cleveragents.messages import ChunkContext, SkillInvocationFailed, chunk_repr, redacted_repr
 from cleveragents.tasks.events import EVENTS_FIELD, task_events_on
 from cleveragents.worker.admission import NO_LINKS as _NO_LINKS
 
@@ -49,6 +49,17 @@ class RedactingRequest(Request):  # type: ignore[misc]
         self._body = (body_args, body_kwargs, dict(_NO_LINKS))
         self._content_type = self._content_encoding = None
         self._decoded = True
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        """Celery's, without the traceback of a failed invocation: a ``SkillResult``
+        failure is the tool's or the request's, told in full by its error type and
+        message (the ``exception`` field); the traceback would be of the task body
+        that reported it, which Flower's task page showed as if the worker had crashed."""
+        if type == "task-failed" and str(fields.get("exception", "")).startswith(
+            f"{SkillInvocationFailed.__name__}("
+        ):
+            fields["traceback"] = None
+        super().send_event(type, **fields)
 
     def info(self, safe: bool = False) -> Any:
         """What remote control (``inspect active/reserved/scheduled/query_task``) shows.

@@ -15,8 +15,10 @@ import os
 
 __all__ = ["TASKS_COLUMNS", "set_default"]
 
-#: The tasks page's columns: Flower's default plus arguments, result and exception.
-TASKS_COLUMNS = "name,uuid,state,args,result,exception,received,runtime,worker"
+#: The tasks page's columns: Flower's default plus arguments, result and exception, the
+#: exception (a failure's error type and message) beside the state, where a person looks
+#: first: the last columns are clipped on all but the widest screens.
+TASKS_COLUMNS = "name,uuid,state,exception,args,result,received,runtime,worker"
 
 
 def set_default() -> None:

@@ -116,6 +116,9 @@ def test_flower_lists_invocations_with_states_and_redacted_arguments(
     assert "tool_execution_failure" in seen_bad["exception"]
     assert "the tool crashed" in seen_bad["exception"]
     assert "validation_error" in tasks[invalid.request_id]["exception"]
+    # A failed invocation shows no traceback: it is the tool's failure, not a crash
+    assert not seen_bad.get("traceback"), seen_bad.get("traceback")
+    assert not tasks[invalid.request_id].get("traceback")
     page = json.dumps(tasks) + str(_get(f"{flower}/api/task/info/{invalid.request_id}"))
     assert SECRET not in page
     # The client still gets everything (the tool echoes nothing secret here, but the
