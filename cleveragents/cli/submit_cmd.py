@@ -281,6 +281,12 @@ def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) ->
         raise click.exceptions.Exit(1)
     if as_json:
         print_json({"request_id": request_id, "state": state})
+    elif state == "REVOKED":  # Celery's word for it: the invocation was cancelled
+        click.echo(
+            f"{request_id}: cancelled before it ended (revoked): it has no result, and will "
+            "not run",
+            err=True,
+        )
     else:
         click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
     raise click.exceptions.Exit(1)

@@ -14,7 +14,7 @@ import pytest
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
 from tests.conftest import Broker
-from tests.support.procs import REPO, Worker
+from tests.support.procs import REPO, Worker, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -213,3 +213,38 @@ def test_a_write_waited_for_where_only_read_only_workers_run_says_so(
     assert "the running workers do not consume skills.write" in line
     assert "read-only" in line
     assert "still waiting" in line
+
+
+def test_result_of_a_cancelled_invocation_says_it_was_cancelled(
+    redis_url: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(redis_url, concurrency=1)
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    with SkillClient(settings=settings) as client:
+        # Given an invocation cancelled while it waits behind a running one
+        busy = client.submit("local/common", "local/sleep", {"seconds": 2})
+        waiting = client.submit("local/text-tools", "local/word-count", {"text": "a"})
+        assert client.revoke(waiting.request_id)
+        assert busy.result(timeout=30).success
+        wait_until(
+            lambda: client.locate(waiting.request_id) == "REVOKED", 30, "the revoke to be stored"
+        )
+    # When its result is asked for, it says it was cancelled, not that a result is to come
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url}
+    done = run_cli("result", waiting.request_id, env=env)
+    assert done.returncode == 1
+    assert f"{waiting.request_id}: cancelled before it ended (revoked)" in done.stderr
+    assert "no result yet" not in done.stderr
+
+
+def test_worker_help_leads_with_ours_then_celerys() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cleveragents", "worker", "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    ours, _, celerys = done.stdout.partition("Celery's worker options")
+    assert ours.startswith("Usage: cleveragents worker [OPTIONS]")
+    assert "--log-format [text|json]" in ours
+    assert "CLEVERAGENTS_BROKER_URL" in ours
+    assert "--concurrency" in celerys
