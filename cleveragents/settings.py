@@ -11,10 +11,13 @@ from pathlib import Path
 from cleveragents.errors import ConfigurationError
 
 __all__ = [
+    "BACKEND_FORMS",
+    "BROKER_FORMS",
     "SIGNING_VARIABLES",
     "MessageSigning",
     "Settings",
     "bundled_examples_path",
+    "shown_url",
     "tool_kind_modules",
 ]
 
@@ -27,6 +30,35 @@ def bundled_examples_path() -> Path:
     from cleveragents import examples  # the bundled examples (the examples/ folder)
 
     return Path(examples.__file__).resolve().parent
+
+
+#: The forms a broker URL takes, as a mistaken one is told.
+BROKER_FORMS = (
+    "redis://[user:password@]host:6379/0, rediss://... (TLS), "
+    "or amqp://user:password@host:5672/vhost (RabbitMQ)"
+)
+BACKEND_FORMS = "redis://[user:password@]host:6379/0 or rediss://... (TLS)"
+_PASSWORD = re.compile(r"(?<=:)[^:@/]*(?=@)")
+
+
+def _check_url(name: str, url: str | None, *, broker: bool) -> None:
+    """A URL without a scheme is refused here in one line naming the setting and the
+    forms it takes (not a raw ``OperationalError`` from a host name like
+    ``redis//host``); a scheme no broker speaks is refused as the app is configured
+    (``cleveragents/broker/celery_settings.py``, which knows kombu's and Celery's)."""
+    if url is None:
+        return
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme or not rest:
+        forms = BROKER_FORMS if broker else BACKEND_FORMS
+        raise ConfigurationError(
+            f"{name}={shown_url(url)} is not a URL (no scheme://): it takes the form {forms}"
+        )
+
+
+def shown_url(url: str) -> str:
+    """``url`` with any password masked, for a message."""
+    return _PASSWORD.sub("**", url)
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -172,9 +204,13 @@ class Settings:
             raise ConfigurationError(
                 f"CLEVERAGENTS_LOG_FORMAT must be text or json, got {log_format!r}"
             )
+        broker_url = (env.get("CLEVERAGENTS_BROKER_URL") or "").strip() or None
+        result_backend = (env.get("CLEVERAGENTS_RESULT_BACKEND") or "").strip() or None
+        _check_url("CLEVERAGENTS_BROKER_URL", broker_url, broker=True)
+        _check_url("CLEVERAGENTS_RESULT_BACKEND", result_backend, broker=False)
         return cls(
-            broker_url=(env.get("CLEVERAGENTS_BROKER_URL") or "").strip() or None,
-            result_backend=(env.get("CLEVERAGENTS_RESULT_BACKEND") or "").strip() or None,
+            broker_url=broker_url,
+            result_backend=result_backend,
             catalogue_paths=paths,
             read_only=_flag(env, "CLEVERAGENTS_READ_ONLY", False),
             home=home,

@@ -11,7 +11,9 @@ import ssl
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
+from celery.app.backends import BACKEND_ALIASES
 from kombu import Exchange, Queue
+from kombu.transport import TRANSPORT_ALIASES
 
 from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
@@ -20,7 +22,8 @@ from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
-from cleveragents.settings import MessageSigning, Settings
+from cleveragents.errors import ConfigurationError
+from cleveragents.settings import BACKEND_FORMS, BROKER_FORMS, MessageSigning, Settings, shown_url
 
 __all__ = [
     "EMBEDDED_SCHEME",
@@ -74,7 +77,26 @@ def _embedded(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _known_schemes(settings: Settings) -> None:
+    """Refuse, in one line, a URL scheme no kombu transport or Celery backend speaks
+    (``http://`` was ``KeyError: 'No such transport: http'``)."""
+    checks = (
+        ("CLEVERAGENTS_BROKER_URL", settings.broker_url, set(TRANSPORT_ALIASES), BROKER_FORMS),
+        ("CLEVERAGENTS_RESULT_BACKEND", settings.result_backend, set(BACKEND_ALIASES),
+         BACKEND_FORMS),
+    )
+    for name, url, known, forms in checks:
+        scheme = (url or "").partition("://")[0]
+        if url and scheme.split("+")[0] not in known:
+            what = "broker" if name.endswith("BROKER_URL") else "result backend"
+            raise ConfigurationError(
+                f"{name}={shown_url(url)}: no {what} speaks {scheme}://; it takes the form "
+                f"{forms}"
+            )
+
+
 def _server(settings: Settings) -> dict[str, Any]:
+    _known_schemes(settings)
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),

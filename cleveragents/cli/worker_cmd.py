@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from cleveragents.broker.celery_settings import celery_settings
 from cleveragents.broker.signing import check_signing
 from cleveragents.embedded.runner import worker_command
 from cleveragents.settings import Settings
@@ -61,6 +62,7 @@ def worker(celery_options: tuple[str, ...]) -> None:
             del options[i]
             break
     settings = Settings.from_env()  # a bad setting: one line and exit 2 here, not a failed start
+    celery_settings(settings)  # and a URL no broker speaks
     if settings.signing is not None:
         check_signing(settings.signing)  # and so is a signing key that does not load
     if not any(o in ("-l", "--loglevel") or o.startswith("--loglevel=") for o in options):

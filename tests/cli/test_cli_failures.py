@@ -246,3 +246,25 @@ def test_the_reach_check_reads_celerys_tls_spelling_and_leaves_other_urls_to_the
     assert _redis_py_url(url.replace("REQUIRED", "NONE")).endswith("ssl_cert_reqs=none")
     # An option redis-py does not know (Celery's own): no verdict, the command goes on
     _ping(f"{redis_url}?celery_only_option=1", "CLEVERAGENTS_BROKER_URL")
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("redis//user:s3cret@127.0.0.1:6427", "is not a URL (no scheme://)"),
+        ("http://127.0.0.1:6427/0", "no broker speaks http://"),
+    ],
+)
+@pytest.mark.parametrize("command", [("submit", "local/common", "local/echo"), ("worker",)])
+def test_a_mistyped_broker_url_names_the_setting_and_its_forms(
+    tmp_path: Path, url: str, said: str, command: tuple[str, ...]
+) -> None:
+    done = _cli(tmp_path, *command, CLEVERAGENTS_BROKER_URL=url)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: CLEVERAGENTS_BROKER_URL=")
+    assert said in line
+    assert "redis://[user:password@]host:6379/0" in line
+    assert "amqp://user:password@host:5672/vhost" in line
+    assert "s3cret" not in line
+    assert "Traceback" not in done.stderr
