@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -124,12 +125,25 @@ def _invalid_request(raw: Any, reason: str, details: dict[str, Any], started: fl
 
 def _describe(exc: ValidationError) -> tuple[str, list[dict[str, str]]]:
     problems = [
-        {"path": ".".join(str(p) for p in e["loc"]) or "request", "message": e["msg"]}
+        {"path": ".".join(str(p) for p in e["loc"]) or "request", "message": _plain(e)}
         for e in exc.errors(include_url=False)
     ]
     return "invalid request: " + "; ".join(
         f"{p['path']}: {p['message']}" for p in problems
     ), problems
+
+
+def _plain(error: Any) -> str:
+    """pydantic's message, or for a field the request does not have (``alow_writes``)
+    what it is and the field meant, as a skill file's unknown key is said."""
+    loc: tuple[Any, ...] = tuple(error.get("loc") or ())
+    if error.get("type") != "extra_forbidden" or len(loc) != 1:
+        return str(error["msg"])
+    fields = list(SkillInvocationRequest.model_fields)
+    close = difflib.get_close_matches(str(loc[0]), fields, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field; did you mean {close[0]!r}?"
+    return f"unknown field; a request has {', '.join(fields)}"
 
 
 def nested_deeper(value: Any, limit: int) -> bool:

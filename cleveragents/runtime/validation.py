@@ -6,7 +6,9 @@ object costs about a microsecond. See docs/runtime.md for why it was chosen.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import threading
 from typing import Any
 
@@ -144,7 +146,50 @@ _MESSAGES: dict[str, Any] = {
 }
 
 
-def _readable(error: Any) -> str:
+#: An unexpected key shown by name: a short word (letters, '_' and '-'), or a near miss
+#: of a property the schema names. Any other key (digits, length: a token, an id) may
+#: be a value an agent put in the wrong place, a secret even: it stays unnamed.
+_SHOWN_KEY = re.compile(r"[A-Za-z_][A-Za-z_-]{0,23}")
+#: Unexpected keys named in one message.
+_KEYS_SHOWN = 5
+
+
+def _at(schema: Any, path: Any) -> Any:
+    """The part of ``schema`` at ``path`` (keys and indexes), or None."""
+    node = schema
+    for step in path:
+        try:
+            node = node[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _unexpected(error: Any, schema: dict[str, Any]) -> str:
+    """The properties 'additionalProperties' forbids, by name where a name is safe to
+    show, with the schema's closest property for a misspelt one."""
+    keys = [str(k) for k in getattr(error.kind, "unexpected", [])]
+    owner = _at(schema, list(error.schema_path)[:-1])
+    properties = owner.get("properties") if isinstance(owner, dict) else None
+    known = [k for k in properties if isinstance(k, str)] if isinstance(properties, dict) else []
+    named = []
+    for key in keys:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        if close:
+            named.append(f"{key!r} (did you mean {close[0]!r}?)")
+        elif _SHOWN_KEY.fullmatch(key):
+            named.append(repr(key))
+    named = named[:_KEYS_SHOWN]
+    if not named:
+        return "has properties that 'additionalProperties' forbids"
+    more = len(keys) - len(named)
+    tail = f" and {more} more" if more else ""
+    plural = "properties" if len(named) > 1 else "property"
+    allowed = f"; allowed: {', '.join(known)}" if known and len(known) <= 10 else ""
+    return f"has the {plural} {', '.join(named)}{tail}, which it does not allow{allowed}"
+
+
+def _readable(error: Any, schema: dict[str, Any]) -> str:
     """What failed, built from the schema and the failing keyword, never from the value.
 
     Arguments can hold secrets, and messages end up in stored results, Flower and
@@ -153,6 +198,11 @@ def _readable(error: Any) -> str:
     'string'``).
     """
     kind = error.kind
+    if type(kind).__name__ == "AdditionalProperties":
+        try:
+            return _unexpected(error, schema)
+        except Exception:  # an attribute missing in another jsonschema-rs version
+            return "has properties that 'additionalProperties' forbids"
     build = _MESSAGES.get(type(kind).__name__)
     if build is None:
         return f"is not valid under {_keyword(error)!r}"
@@ -210,7 +260,8 @@ def validate(schema: dict[str, Any] | None, instance: Any, *, root: str, source:
     errors = list(validator.iter_errors(instance))
     named = _names(schema)
     readable = [
-        (_where(root, e.instance_path, named), _readable(e)) for e in errors[:_MAX_LISTED]
+        (_where(root, e.instance_path, named), _readable(e, schema))
+        for e in errors[:_MAX_LISTED]
     ]
     lines = [f"{where}: {message}" for where, message in readable]
     if len(errors) > _MAX_LISTED:

@@ -391,3 +391,15 @@ def test_no_timeout_goes_past_the_maximum() -> None:
     assert effective_timeout(_entry(None), req, 300.0, 5.0) == 5.0
     unset = req.model_copy(update={"timeout_s": None})
     assert effective_timeout(_entry(None), unset, 9e9, 5.0) == 5.0
+
+
+def test_a_misspelt_request_field_gets_the_field_meant() -> None:
+    cat = single(py_tool("test/echo", "echo"))
+    body = {"skill": SKILL, "tool": "test/echo", "arguments": {"text": "hi"}, "alow_writes": True}
+
+    result = run(body, cat)
+
+    assert result.error is not None
+    assert result.error.error_type == SkillErrorType.VALIDATION_ERROR
+    assert "alow_writes: unknown field; did you mean 'allow_writes'?" in result.error.message
+    assert "Extra inputs are not permitted" not in result.error.message

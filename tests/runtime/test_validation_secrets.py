@@ -142,3 +142,24 @@ def test_a_worker_stores_logs_and_reports_no_secret_of_a_failing_argument(
         if stored.type(key) == b"string":
             assert secret.encode() not in (stored.get(key) or b""), key
     assert secret not in worker.log_text()
+
+
+def test_an_extra_argument_is_named_when_it_is_a_word_or_a_near_miss() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "limit": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    with pytest.raises(SchemaValidationError) as caught:
+        validate(schema, {"text": "a", "extra": 1}, root="arguments", source="t")
+    assert str(caught.value) == (
+        "arguments: has the property 'extra', which it does not allow; allowed: text, limit"
+    )
+    with pytest.raises(SchemaValidationError) as caught:
+        validate(schema, {"txt": "a", "sk9Tq4ZrX81mWv0p": 1}, root="arguments", source="t")
+    # A misspelt one gets the property meant; one that may be a token stays unnamed
+    assert str(caught.value) == (
+        "arguments: has the property 'txt' (did you mean 'text'?) and 1 more, which it does "
+        "not allow; allowed: text, limit"
+    )
+    assert "sk9" not in json.dumps(caught.value.details)
