@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema_rs
 
 from cleveragents.errors import SchemaValidationError, ToolActivationError
+from cleveragents.skills.json_schemas import schema_problem, validator_for
 
 __all__ = ["compiled", "schema_problem", "validate"]
 
@@ -50,28 +51,8 @@ def compiled(schema: dict[str, Any]) -> Any:
     return validator
 
 
-def schema_problem(schema: dict[str, Any]) -> str | None:
-    """Why ``schema`` is not a valid JSON Schema, or None when it is."""
-    try:
-        _validator(schema)
-    except (jsonschema_rs.ValidationError, ValueError) as exc:
-        return str(exc).splitlines()[0]
-    return None
-
-
 def _validator(schema: dict[str, Any]) -> Any:
-    # Never fetch: a reference outside the schema (a file, a URL, a remote meta-schema)
-    # is refused before anything is read; the standard drafts are built in.
-    return jsonschema_rs.validator_for(schema, retriever=_refuse_retrieval)
-
-
-class RetrievalRefused(ValueError):
-    """Raised when a schema refers to a document outside itself: nothing is fetched."""
-
-
-def _refuse_retrieval(uri: str) -> Any:
-    shown = uri if len(uri) <= 60 else uri[:57] + "..."
-    raise RetrievalRefused(f"it refers to {shown!r}, outside itself: nothing is fetched")
+    return validator_for(schema)  # never fetches (skills/json_schemas.py)
 
 
 def _json_kind(instance: Any) -> str:

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from cleveragents.skills import tool_kinds
+from cleveragents.skills.json_schemas import schema_problem
 from cleveragents.skills.policies import Limits, RetryPolicy
 
 __all__ = [
@@ -68,6 +69,15 @@ def _refs_inside(schema: dict[str, Any] | None) -> dict[str, Any] | None:
                 stack.append(item)
         elif isinstance(value, list):
             stack.extend(value)
+    return schema
+
+
+def _valid_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``schema``, when it is a valid JSON Schema (checked as its file loads, at its line)."""
+    if schema is not None:
+        problem = schema_problem(schema)
+        if problem is not None:
+            raise ValueError(f"not a valid JSON Schema: {problem}")
     return schema
 
 
@@ -140,7 +150,7 @@ class ToolSpec(BaseModel):
     @field_validator("input_schema", "output_schema")
     @classmethod
     def _schema_refs_inside(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _refs_inside(value)
+        return _valid_schema(_refs_inside(value))
 
     @field_validator("source")
     @classmethod
@@ -219,7 +229,7 @@ class Skill(BaseModel):
         # than a pydantic error escaping resolution (SkillDefinition rejects it).
         if value is not None and "type" not in value:
             raise ValueError("a skill's JSON Schema must include a 'type' key")
-        return _refs_inside(value)
+        return _valid_schema(_refs_inside(value))
 
     @field_validator("version", mode="before")
     @classmethod

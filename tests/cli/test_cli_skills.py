@@ -215,7 +215,13 @@ def test_skills_check_reports_schemas_that_are_not_json_schema(tmp_path: Path) -
     done = _run("skills", "check", "--json", str(tmp_path))
     assert done.returncode == 1
     problems = json.loads(done.stdout)["problems"]
-    reasons = sorted(p["reason"].split(" is not")[0] for p in problems)
-    assert reasons == ["output_schema", "tool local/t input_schema"]
-    assert {p["where"] for p in problems} == {"local/bad-schemas"}
+    reasons = sorted(p["reason"].split(": not a valid JSON Schema: ")[0] for p in problems)
+    assert reasons == ["input_schema of tool local/t", "output_schema"]
     assert {p["error_type"] for p in problems} == {"validation_error"}
+    # Each at its schema's line, in plain words: the skill file does not load
+    text = (tmp_path / "schemas.yaml").read_text().splitlines()
+    for p in problems:
+        key = "input_schema" if p["reason"].startswith("input") else "output_schema"
+        assert key in text[p["line"] - 1], (p, text)
+        assert "is not a JSON Schema type" in p["reason"]
+    assert json.loads(done.stdout)["skills"] == []

@@ -427,3 +427,29 @@ def test_a_name_close_to_none_gets_no_guess(tmp_path: Path) -> None:
     assert unknown_tool.error.message == "tool 'me/x' is not part of skill 'me/greet'"
     assert unknown_skill.error.message == "skill not found: local/x"
     assert "did_you_mean" not in unknown_tool.error.details
+
+
+def test_a_bad_schema_is_said_with_the_files_other_problems_at_its_line(tmp_path: Path) -> None:
+    skill = tmp_path / "bad.yaml"
+    skill.write_text(
+        "name: me/bad\n"
+        "description: x\n"
+        "tools:\n"
+        "  - name: me/t\n"
+        "    source: python\n"
+        "    entrypoint: cleveragents.examples.tools:echo\n"
+        "    input_schema: {type: object, properties: {text: {type: strin}}}\n"
+        "    bogus_key: 1\n"
+    )
+    # When the file is checked
+    done = _cli("skills", "check", str(skill), cwd=tmp_path)
+    # Then the schema's problem comes with the other one, at its line, in plain words
+    assert done.returncode == 1
+    lines = done.stdout.strip().splitlines()
+    assert f"{skill}:7: input_schema of tool me/t: not a valid JSON Schema: type 'strin' is " \
+        "not a JSON Schema type; did you mean 'string'?" in done.stdout, done.stdout
+    assert any(line.startswith(f"{skill}:8: unknown key 'bogus_key'") for line in lines)
+    assert "anyOf" not in done.stdout
+    # And the skill does not load: it is not listed, rather than failing at run time
+    listed = _cli("skills", "list", "--json", cwd=tmp_path, catalogue=str(tmp_path))
+    assert "me/bad" not in listed.stdout
