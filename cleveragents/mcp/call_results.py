@@ -71,8 +71,10 @@ def call_result(result: SkillResult, request_id: str | None) -> types.CallToolRe
     structured = data if isinstance(data, dict) else {"result": data}
     if result.resource_changes:
         meta[_META_CHANGES] = result.resource_changes
+    # A text output is the text itself: an agent reads "hello", not "\"hello\"" (its
+    # structured content keeps the JSON value); any other value is its JSON.
     return types.CallToolResult(
-        content=[_text(json_text(data))],
+        content=[_text(data if isinstance(data, str) else json_text(data))],
         structured_content=structured,
         meta=meta or None,
     )

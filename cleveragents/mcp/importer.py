@@ -23,10 +23,11 @@ import hashlib
 import os
 import re
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import yaml
@@ -131,7 +132,9 @@ def skill_document(
 
 
 @asynccontextmanager
-async def _session(remote: RemoteServer) -> AsyncIterator[ClientSession]:
+async def _session(
+    remote: RemoteServer, errlog: TextIO | None = None
+) -> AsyncIterator[ClientSession]:
     if remote.url is not None:
         import httpx2  # the SDK's HTTP client
 
@@ -152,17 +155,18 @@ async def _session(remote: RemoteServer) -> AsyncIterator[ClientSession]:
         command=remote.command[0], args=list(remote.command[1:]), env=dict(os.environ)
     )
     async with (
-        stdio_client(params, errlog=sys.stderr) as (read, write),
+        stdio_client(params, errlog=errlog or sys.stderr) as (read, write),
         ClientSession(read, write) as session,
     ):
         yield session
 
 
 async def list_remote_tools(
-    remote: RemoteServer,
+    remote: RemoteServer, errlog: TextIO | None = None
 ) -> tuple[types.Implementation | None, list[types.Tool]]:
-    """The server's ``serverInfo`` and every tool of its ``tools/list`` (all pages)."""
-    async with _session(remote) as session:
+    """The server's ``serverInfo`` and every tool of its ``tools/list`` (all pages);
+    a stdio server's stderr goes to ``errlog`` (this process's by default)."""
+    async with _session(remote, errlog) as session:
         initialized = await session.initialize()
         tools: list[types.Tool] = []
         cursor: str | None = None
@@ -174,6 +178,30 @@ async def list_remote_tools(
             cursor = page.next_cursor
             if not cursor:
                 return initialized.server_info, tools
+
+
+#: The end of a server's stderr said when it did not answer: lines, and characters.
+STDERR_TAIL_LINES = 5
+STDERR_TAIL_CHARS = 800
+
+
+def _tail(errlog: TextIO) -> str:
+    errlog.seek(0)
+    text = errlog.read()[-STDERR_TAIL_CHARS:]
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-STDERR_TAIL_LINES:])
+
+
+def _why(leaf: BaseException, remote: RemoteServer, tail: str) -> str:
+    """What went wrong, in words: a time-out, a server that exited, or the SDK's reason."""
+    if isinstance(leaf, TimeoutError):
+        reason = "no answer in time"
+    elif remote.url is None and "Connection closed" in str(leaf):
+        reason = "the server exited (or closed its stdout) before it answered"
+    else:
+        reason = str(leaf) or type(leaf).__name__
+    if remote.url is None:
+        reason += f"; its stderr ends: {tail}" if tail else "; it wrote nothing on stderr"
+    return reason
 
 
 def _first_leaf(exc: BaseException) -> BaseException:
@@ -189,20 +217,22 @@ def import_skill(name: str, remote: RemoteServer, *, timeout_s: float = IMPORT_T
         ConfigurationError: the server could not be started, reached or listed.
     """
 
-    async def listing() -> tuple[types.Implementation | None, list[types.Tool]]:
-        with anyio.fail_after(timeout_s):
-            return await list_remote_tools(remote)
+    # A stdio server's stderr is kept, and said when it did not answer (a server that
+    # exits at once left only the SDK's "Connection closed"); one that answered is quiet.
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
 
-    try:
-        info, tools = anyio.run(listing)
-    except Exception as exc:
-        leaf = _first_leaf(exc)
-        reason = "no answer in time" if isinstance(leaf, TimeoutError) else str(leaf) or type(
-            leaf
-        ).__name__
-        raise ConfigurationError(
-            f"cannot list the tools of MCP server {remote.describe()}: {reason}"
-        ) from None
+        async def listing() -> tuple[types.Implementation | None, list[types.Tool]]:
+            with anyio.fail_after(timeout_s):
+                return await list_remote_tools(remote, errlog)
+
+        try:
+            info, tools = anyio.run(listing)
+        except Exception as exc:
+            leaf = _first_leaf(exc)
+            raise ConfigurationError(
+                f"cannot list the tools of MCP server {remote.describe()}: "
+                f"{_why(leaf, remote, _tail(errlog))}"
+            ) from None
     header = (
         f"# Imported by `cleveragents skills import --from-mcp` from {remote.describe()}.\n"
         "# writes/side_effects/idempotent come from the tools' MCP annotations "

@@ -72,6 +72,30 @@ def test_output_that_is_not_an_object_is_wrapped_for_structured_content() -> Non
     assert answer.content[0].text == "[1, 2]"  # type: ignore[union-attr]
 
 
+def test_a_text_output_is_the_text_itself_in_the_text_block() -> None:
+    result = SkillResult(skill_name="a/s", tool_name="a/t", success=True, output_data="hello")
+
+    answer = call_result(result, "r-3")
+
+    assert answer.content[0].text == "hello"  # type: ignore[union-attr]
+    assert answer.structured_content == {"result": "hello"}
+
+
+def test_a_stdio_server_that_exits_at_once_is_said_with_the_end_of_its_stderr(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cleveragents", "skills", "import", "--from-mcp", "--name",
+         "ext/x", "--command", "sh", "-c", "echo first >&2; echo bad token >&2; exit 3"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
+    )
+    assert done.returncode != 0
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    assert "the server exited (or closed its stdout) before it answered" in line
+    assert line.endswith("its stderr ends: first | bad token")
+    assert "Connection closed" not in line
+
+
 def test_a_refused_write_is_an_error_naming_permission_denied(table: ToolTable) -> None:
     route = table.route("local_notes__local_write-note")
     assert route is not None
