@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleveragents.skills.catalogue import Catalogue
-from cleveragents.skills.model import ResolvedToolEntry
+from cleveragents.skills.model import ResolvedToolEntry, ToolSpec
 from cleveragents.skills.protocol import SkillDefinition
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "export_definitions",
     "mcp_tool",
     "mcp_tool_name",
+    "served_name",
 ]
 
 #: The MCP revision whose ``Tool`` type the export follows.
@@ -72,22 +73,27 @@ def _digest(skill: str, tool: str, length: int) -> str:
     return hashlib.sha256(f"{skill}\n{tool}".encode()).hexdigest()[:length]
 
 
-def mcp_tool_name(skill: str, tool: str, *, digest_len: int = _DIGEST_LEN) -> str:
+def mcp_tool_name(skill: str, tool: str, *, digest_len: int = 0) -> str:
     """The MCP name of ``tool`` reached through ``skill``: deterministic, ``[A-Za-z0-9_-]{1,64}``.
 
-    ``local/text-tools`` + ``local/word-count`` gives
-    ``local_text-tools__local_word-count``. Catalogue names are segments of
-    ``[A-Za-z0-9][A-Za-z0-9._-]*`` joined by ``/``; when neither name holds ``_``
-    or ``.`` the readable form can be read back unambiguously, otherwise (or
-    when it is longer than 64 characters) a short digest of both names is
-    appended.
+    ``local/text-tools`` + ``local/word-count`` gives ``local_text-tools__local_word-count``,
+    and ``ext/filesystem`` + ``ext/write_file`` gives ``ext_filesystem__ext_write_file``:
+    readable, and what a client that looks for ``write_file`` finds. The name is not
+    read back (the server keeps a table from names to pairs), so ``_`` and ``.`` need
+    no digest. A digest of both names is appended only when the name would be longer
+    than 64 characters, or (``digest_len``) when two pairs would share it.
     """
     readable = f"{_part(skill)}{_SEPARATOR}{_part(tool)}"
-    ambiguous = any(ch in "._" for ch in skill + tool)
-    if not ambiguous and len(readable) <= MAX_NAME_LENGTH and NAME_RE.match(readable):
+    if not digest_len and len(readable) <= MAX_NAME_LENGTH:
         return readable
-    suffix = "-" + _digest(skill, tool, digest_len)
+    suffix = "-" + _digest(skill, tool, digest_len or _DIGEST_LEN)
     return readable[: MAX_NAME_LENGTH - len(suffix)] + suffix
+
+
+def served_name(skill: str, tool: ToolSpec) -> str:
+    """The name ``tool`` is served under through ``skill``: its ``mcp_name`` when the
+    skill file sets one, else ``mcp_tool_name``."""
+    return tool.mcp_name or mcp_tool_name(skill, tool.name)
 
 
 def _schema_type(schema: dict[str, Any]) -> str | list[Any] | None:
@@ -210,8 +216,19 @@ def export_definitions(definitions: Iterable[SkillDefinition]) -> McpExport:
         seen_skills.add(definition.skill.name)
         pairs.extend((definition, entry) for entry in definition.resolved_tools)
 
-    names = [mcp_tool_name(d.skill.name, e.tool.name) for d, e in pairs]
+    names = [served_name(d.skill.name, e.tool) for d, e in pairs]
     counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    # Only pairs that would really share a name get a digest (of both of their names:
+    # the same whatever else the catalogue holds).
+    names = [
+        name
+        if counts[name] == 1
+        else mcp_tool_name(d.skill.name, e.tool.name, digest_len=_DIGEST_LEN)
+        for name, (d, e) in zip(names, pairs, strict=True)
+    ]
+    counts = {}
     for name in names:
         counts[name] = counts.get(name, 0) + 1
     names = [

@@ -119,6 +119,9 @@ class ToolSpec(BaseModel):
     limits: Limits | None = None
     #: Each invocation waits for a person's decision before it runs (docs/approvals.md).
     requires_approval: bool = False
+    #: The name MCP clients see for this tool (``mcp serve``, ``skills export --format
+    #: mcp``); None: made from the skill's and the tool's names (docs/mcp.md).
+    mcp_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     _skill_folder: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")

@@ -384,10 +384,13 @@ def test_tool_names_are_deterministic_valid_and_short() -> None:
         "local_text-tools__local_word-count"
     )
     assert mcp_tool_name("a/b", "c/d") == mcp_tool_name("a/b", "c/d")
-    # '.' and '_' would make the readable form ambiguous: a digest of both names is added.
-    dotted = mcp_tool_name("org.team/x", "ns/y_z")
+    # '.' and '_' stay readable: names are never read back, so they need no digest
+    assert mcp_tool_name("ext/filesystem", "ext/write_file") == "ext_filesystem__ext_write_file"
+    assert mcp_tool_name("org.team/x", "ns/y_z") == "org_team_x__ns_y_z"
+    # a digest is asked for only where two pairs would share a name (export_definitions)
+    dotted = mcp_tool_name("org.team/x", "ns/y_z", digest_len=8)
     assert re.fullmatch(r"org_team_x__ns_y_z-[0-9a-f]{8}", dotted)
-    assert mcp_tool_name("org/team_x", "ns/y.z") != dotted
+    assert mcp_tool_name("org/team_x", "ns/y.z", digest_len=8) != dotted
     long_name = mcp_tool_name("ns/" + "s" * 80, "ns/" + "t" * 80)
     assert len(long_name) == MAX_NAME_LENGTH
     assert NAME_RE.match(long_name)
@@ -416,6 +419,37 @@ def test_names_stay_unique_when_digests_clash(
     assert len(names) == 2
     assert len(set(names)) == 2
     assert all(re.fullmatch(r"org_a_b__ns_t-[0-9a-f]{16}", n) for n in names)
+    _assert_valid_mcp_tools(exported.tools)
+
+
+def test_snake_case_tools_are_served_readable_a_real_clash_gets_digests_and_a_skill_names_its_own(
+    tmp_path: Path,
+) -> None:
+    _write(
+        tmp_path,
+        "names.yaml",
+        """
+        skills:
+          - name: ext/filesystem
+            tools:
+              - {name: ext/write_file, source: python, entrypoint: cleveragents.examples.tools:echo}
+              - {name: ext/read_file, source: python, entrypoint: cleveragents.examples.tools:echo,
+                 mcp_name: read_file}
+          - name: org/a.b
+            tools: [{name: ns/t, source: python, entrypoint: cleveragents.examples.tools:echo}]
+          - name: org/a_b
+            tools: [{name: ns/t, source: python, entrypoint: cleveragents.examples.tools:echo}]
+        """,
+    )
+    exported = export_catalogue(Catalogue.from_paths(tmp_path))
+    names = sorted(t["name"] for t in exported.tools)
+    # A snake_case tool keeps its name, no digest; one the skill names is served so
+    assert "ext_filesystem__ext_write_file" in names
+    assert "read_file" in names
+    # Two pairs that would share a name both get a digest, the same whatever else is there
+    clashed = [n for n in names if n.startswith("org_a_b__ns_t")]
+    assert len(clashed) == 2
+    assert all(re.fullmatch(r"org_a_b__ns_t-[0-9a-f]{8}", n) for n in clashed)
     _assert_valid_mcp_tools(exported.tools)
 
 
