@@ -31,6 +31,10 @@ CONNECTION_LOGGER = "celery.worker.consumer.connection"
 #: Celery's texts of a lost connection and of an attempt to connect.
 CONNECTION_RETRY: str = celery_consumer.CONNECTION_RETRY  # type: ignore[attr-defined]
 CONNECTION_ERROR: str = celery_consumer.CONNECTION_ERROR  # type: ignore[attr-defined]
+#: kombu's CRITICAL line, with a traceback, for an ack or reject the broker's loss cut off.
+_COULD_NOT = ("Couldn't ack", "Couldn't reject")
+#: The logger of a task request's ack (Celery's worker).
+REQUEST_LOGGER = "celery.worker.request"
 #: Celery's info line after a reconnection in per-consumer QoS mode (nothing to act on).
 _PREFETCH_SKIPPED = "Skipping prefetch count reduction"
 
@@ -49,6 +53,16 @@ class ReconnectLog(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         if msg.startswith(_PREFETCH_SKIPPED):
             return False
+        if msg.startswith(_COULD_NOT):  # an ack as the broker went: no traceback for it
+            tag, exc = (*args, "", "")[:2]
+            record.msg = (
+                "could not acknowledge message %s (%r): the broker is away; it will be "
+                "delivered again, and answered from its stored result if it finished"
+            )
+            record.args = (tag, exc)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+            return True
         if args and args[0] == CONNECTION_RETRY:
             self.lost_at = now  # "Connection to broker lost": the one warning
             self.said_at = now
@@ -81,7 +95,7 @@ def install() -> ReconnectLog:
         category=CPendingDeprecationWarning,
     )
     shared = ReconnectLog()
-    for name in (CONSUMER_LOGGER, CONNECTION_LOGGER):
+    for name in (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER):
         logger = logging.getLogger(name)
         for old in [f for f in logger.filters if isinstance(f, ReconnectLog)]:
             logger.removeFilter(old)

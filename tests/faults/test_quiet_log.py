@@ -98,3 +98,26 @@ def test_a_redis_restart_leaves_one_warning_one_line_back_and_no_traceback(
     assert "mingle" not in text
     assert "CPendingDeprecationWarning" not in text
     assert "Cannot connect to" not in text  # the attempts within a minute are not said
+
+
+def test_an_ack_the_outage_cut_off_is_one_warning_without_a_traceback() -> None:
+    import logging
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from cleveragents.worker.reconnect_log import ReconnectLog
+
+    try:
+        raise RedisConnectionError("Error 111 connecting")
+    except RedisConnectionError as exc:
+        record = logging.LogRecord(
+            "celery.worker.request", logging.CRITICAL, __file__, 1,
+            "Couldn't ack %r, reason:%r", ("tag-1", exc), sys.exc_info(),
+        )
+    assert ReconnectLog().filter(record)
+    assert record.levelname == "WARNING"
+    assert record.exc_info is None
+    said = record.getMessage()
+    assert said.startswith("could not acknowledge message tag-1 (")
+    assert "ConnectionError" in said
+    assert "): the broker is away; it will be delivered again" in said
