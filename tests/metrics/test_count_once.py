@@ -28,7 +28,8 @@ def _successes(url: str) -> int:
 
 
 def _logged(log_text: str, request_id: str) -> int:
-    return sum(1 for line in log_text.splitlines() if f"invocation request_id={request_id} " in line)
+    said = f"invocation request_id={request_id} "
+    return sum(1 for line in log_text.splitlines() if said in line)
 
 
 def test_a_write_delivered_twice_while_it_runs_is_counted_and_logged_once(
