@@ -454,8 +454,12 @@ def soak(args: argparse.Namespace, root: Path, broker: str | None) -> Report:
                 if why == "write_interrupted":
                     report.write_interrupted += 1
                 report.failures[f"{result.error.error_type.value}/{why or '-'}"] += 1
-        time.sleep(12)  # a round of the key sweep gives producers' bindings a time to live
+        # A round of the key sweep (every 10 s) gives producers' bindings a time to live
+        settle = time.monotonic() + 12
         report.keys_without_ttl = _keys_without_ttl(r)
+        while report.keys_without_ttl and time.monotonic() < settle:
+            time.sleep(1)
+            report.keys_without_ttl = _keys_without_ttl(r)
         report.redis_memory_mb = (round(memory_start, 1), round(_redis_mb(r), 1))
         report.workers_rss_mb = (round(rss_start, 1), round(_rss_mb(s.workers), 1))
         report.log_errors = _log_errors(s.logs)

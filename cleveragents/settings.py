@@ -48,8 +48,8 @@ def _check_url(name: str, url: str | None, *, broker: bool) -> None:
     (``cleveragents/broker/celery_settings.py``, which knows kombu's and Celery's)."""
     if url is None:
         return
-    scheme, sep, rest = url.partition("://")
-    if not sep or not scheme or not rest:
+    scheme, sep, _ = url.partition("://")
+    if not sep or not scheme:
         forms = BROKER_FORMS if broker else BACKEND_FORMS
         raise ConfigurationError(
             f"{name}={shown_url(url)} is not a URL (no scheme://): it takes the form {forms}"

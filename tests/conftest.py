@@ -13,7 +13,7 @@ import redis
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
 from tests.support import rabbit
-from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, RedisServer, Worker
+from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, RedisServer, Worker
 
 #: Set to use an existing Redis (e.g. redis://127.0.0.1:6379/11) instead of a private one.
 EXTERNAL_REDIS_URL = os.environ.get("CLEVERAGENTS_TEST_REDIS_URL")
@@ -162,3 +162,26 @@ def client(redis_url: str) -> Iterator[SkillClient]:
     settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
     with SkillClient(settings=settings) as producer:
         yield producer
+
+
+#: Test files that take a minute or more, or tens of seconds: collected first, so that
+#: `pytest -n 2 --dist loadfile` (scripts/test) starts them while the other process
+#: works through the many short files, instead of leaving one of them for the end.
+SLOW_FILES = (
+    "tests/faults/test_soak.py",
+    "tests/faults/test_faults.py",
+    "tests/faults/test_hostile_tools.py",
+    "tests/faults/test_quiet_log.py",
+    "tests/faults/test_frozen_worker.py",
+    "tests/deploy/test_compose_commands.py",
+    "tests/deploy/test_role_abuse.py",
+    "tests/broker/test_recovery.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = str(item.path.relative_to(REPO)) if item.path.is_relative_to(REPO) else ""
+        return SLOW_FILES.index(path) if path in SLOW_FILES else len(SLOW_FILES)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
