@@ -23,6 +23,7 @@ from kombu.utils.url import maybe_sanitize_url
 from cleveragents.cli.render import CliFailure
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
+from cleveragents.stores.redis_memory import redis_py_url
 from cleveragents.traces.carriers import carrier_of
 
 __all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]
@@ -32,20 +33,13 @@ __all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]
 FIRST_CONTACT_S = 3.0
 
 
-def _redis_py_url(url: str) -> str:
-    """``url`` as redis-py reads it: Celery's ``ssl_cert_reqs=CERT_REQUIRED`` spelling too."""
-    for celery, redis_py in (("CERT_REQUIRED", "required"), ("CERT_OPTIONAL", "optional")):
-        url = url.replace(f"ssl_cert_reqs={celery}", f"ssl_cert_reqs={redis_py}")
-    return url.replace("ssl_cert_reqs=CERT_NONE", "ssl_cert_reqs=none")
-
-
 def _ping(url: str, setting: str) -> None:
     shown = maybe_sanitize_url(url)
     deadline = time.monotonic() + FIRST_CONTACT_S
     while True:
         try:
             client = redis.Redis.from_url(
-                _redis_py_url(url), socket_connect_timeout=1.0, socket_timeout=2.0
+                redis_py_url(url), socket_connect_timeout=1.0, socket_timeout=2.0
             )
         except Exception:  # a URL only Celery reads as it is: the command's own path says why
             return

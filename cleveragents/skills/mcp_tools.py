@@ -217,26 +217,16 @@ def export_definitions(definitions: Iterable[SkillDefinition]) -> McpExport:
         pairs.extend((definition, entry) for entry in definition.resolved_tools)
 
     names = [served_name(d.skill.name, e.tool) for d, e in pairs]
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
     # Only pairs that would really share a name get a digest (of both of their names:
-    # the same whatever else the catalogue holds).
-    names = [
-        name
-        if counts[name] == 1
-        else mcp_tool_name(d.skill.name, e.tool.name, digest_len=_DIGEST_LEN)
-        for name, (d, e) in zip(names, pairs, strict=True)
-    ]
-    counts = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    names = [
-        name
-        if counts[name] == 1
-        else mcp_tool_name(d.skill.name, e.tool.name, digest_len=_LONG_DIGEST_LEN)
-        for name, (d, e) in zip(names, pairs, strict=True)
-    ]
+    # the same whatever else the catalogue holds); a longer one if digests still clash.
+    for digest_len in (_DIGEST_LEN, _LONG_DIGEST_LEN):
+        shared = {name for name in names if names.count(name) > 1}
+        names = [
+            mcp_tool_name(d.skill.name, e.tool.name, digest_len=digest_len)
+            if name in shared
+            else name
+            for name, (d, e) in zip(names, pairs, strict=True)
+        ]
     if len(set(names)) != len(names):
         raise ValueError("two (skill, tool) pairs map to one MCP tool name")
 

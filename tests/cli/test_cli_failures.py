@@ -239,7 +239,8 @@ def test_an_args_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> No
 def test_the_reach_check_reads_celerys_tls_spelling_and_leaves_other_urls_to_the_command(
     redis_url: str,
 ) -> None:
-    from cleveragents.cli.broker_check import _ping, _redis_py_url
+    from cleveragents.cli.broker_check import _ping
+    from cleveragents.stores.redis_memory import redis_py_url as _redis_py_url
 
     url = "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=CERT_REQUIRED"
     assert _redis_py_url(url) == "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=required"
