@@ -318,6 +318,16 @@ INTERNALS: tuple[Internal, ...] = (
         f"{CELERY_SRC}/worker/consumer/control.py",
         ("celery.worker.consumer.control:Control", "override"),
     ),
+    # The heartbeat, whose send Celery retries for ever (celery/celery#4804).
+    *_uses(
+        "consumer",
+        "cleveragents.worker.heartbeat",
+        f"{CELERY_SRC}/worker/consumer/heart.py",
+        ("celery.worker.consumer.heart:Heart", "override"),
+        ("celery.worker.consumer.heart:Heart.heartbeat_interval+", "read"),
+        ("celery.worker.heartbeat:Heart._send", "read"),
+        ("celery.events.dispatcher:EventDispatcher._outbound_buffer+", "read"),
+    ),
     # The worker-side request whose argument text is redacted, built from the body.
     *_uses(
         "task-request",

@@ -29,6 +29,7 @@ from cleveragents.worker.admission import (
     sanitise,
     signed_id_problem,
 )
+from cleveragents.worker.heartbeat import BOUNDED_HEART, HEART_STEP
 
 __all__ = ["SkillConsumer", "check_steps"]
 
@@ -41,6 +42,8 @@ log = logging.getLogger("cleveragents.worker")
 #: and the guarded one that replaces it (worker/remote_control.py).
 CONTROL_STEP = "celery.worker.consumer.control:Control"
 GUARDED_CONTROL = "cleveragents.worker.remote_control:GuardedControl"
+#: Celery's steps this consumer replaces, and with what.
+REPLACED_STEPS = {CONTROL_STEP: GUARDED_CONTROL, HEART_STEP: BOUNDED_HEART}
 #: Native delayed delivery, left out (below).
 DELAYED_DELIVERY_STEP = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
 #: Gossip and mingle are off, as ``--without-gossip --without-mingle`` turn them off
@@ -49,12 +52,13 @@ QUIET_STEPS = {"without_gossip": True, "without_mingle": True}
 
 
 def check_steps(steps: tuple[str, ...] | list[str] | None = None) -> None:
-    """Refuse a Celery whose consumer no longer lists remote control by the name replaced.
+    """Refuse a Celery whose consumer no longer lists a replaced step by its name.
 
-    A renamed step would leave remote control unguarded without a word.
+    A renamed step would leave remote control unguarded, or the heartbeat able to
+    hold the event loop, without a word.
 
     Raises:
-        InternalsRefused: the step is not among Celery's consumer steps.
+        InternalsRefused: a replaced step is not among Celery's consumer steps.
     """
     listed = Consumer.Blueprint.default_steps if steps is None else steps
     if CONTROL_STEP not in listed:
@@ -62,10 +66,16 @@ def check_steps(steps: tuple[str, ...] | list[str] | None = None) -> None:
             f"Celery's consumer no longer has the step {CONTROL_STEP!r}, which the worker "
             f"replaces to guard remote control: it would run unguarded. {fix('consumer')}"
         )
+    if HEART_STEP not in listed:
+        raise InternalsRefused(
+            f"Celery's consumer no longer has the step {HEART_STEP!r}, which the worker "
+            f"replaces so that a heartbeat cannot hold its event loop. {fix('consumer')}"
+        )
 
 
 #: Longest a task event waits in the worker before it is sent (with the others due).
 EVENT_FLUSH_S = 0.05
+
 
 def _task_id(message: Any) -> str | None:
     headers = getattr(message, "headers", None) or {}
@@ -77,7 +87,8 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
     """A consumer that answers a bad message with a ``validation_error`` result."""
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc,valid-type]
-        """Celery's consumer steps, with remote control guarded (``worker/remote_control.py``).
+        """Celery's consumer steps, with remote control guarded (``worker/remote_control.py``)
+        and the heartbeat's retries bounded (``worker/heartbeat.py``).
 
         Without native delayed delivery: Celery adds it on RabbitMQ with quorum queues,
         where it declares 28 exchanges and 28 quorum queues per virtual host, and binds
@@ -86,7 +97,7 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
         """
 
         default_steps = [
-            GUARDED_CONTROL if step == CONTROL_STEP else step
+            REPLACED_STEPS.get(step, step)
             for step in Consumer.Blueprint.default_steps
             if step != DELAYED_DELIVERY_STEP
         ]
