@@ -242,14 +242,23 @@ class Soak:
             except Exception as exc:
                 print(f"chaos: no probe ({type(exc).__name__}: {exc})", file=sys.stderr)
                 continue
+            # Watched from now on, while the event goes on (a SIGSTOP lasts 10-40 s): the
+            # recovery is when its result is stored, not when the event is over.
+            took_s: list[float] = []
+            watch = threading.Thread(
+                target=self._watch_probe, args=(probe, started, took_s), daemon=True
+            )
+            watch.start()
             try:
                 during_write = self.do(event)
             except Exception as exc:  # a chaos event that could not be done is said
                 print(f"chaos {event}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                watch.join()
                 continue
             self.report.chaos[event] += 1
             self.report.chaos_during_write += int(during_write)
-            took = self.wait_probe(probe, started)
+            watch.join()
+            took = took_s[0]
             self.report.recovery_by_event[event] = max(
                 self.report.recovery_by_event.get(event, 0.0), took
             )
@@ -332,6 +341,9 @@ class Soak:
         body = request(READ, self._next_id("probe"), self.r.records.path)
         submit(self.probe_client, body)
         return str(body["request_id"])
+
+    def _watch_probe(self, request_id: str, started: float, took_s: list[float]) -> None:
+        took_s.append(self.wait_probe(request_id, started))
 
     def wait_probe(self, request_id: str, started: float) -> float:
         """Seconds from ``started`` to the probe's stored result (inf: none in 180 s)."""
