@@ -239,6 +239,37 @@ def _what_happens_to_the_rest(
     return "the local worker stopped, and what it had not run was taken off the queue."
 
 
+def _refuse_out_as_input(out_path: str, path: Path) -> None:
+    if Path(out_path).exists() and Path(out_path).samefile(path):
+        raise CliFailure(
+            f"--out {out_path} is the input file: writing the results there would erase "
+            "the requests before they are read; give --out another file"
+        )
+
+
+def _say_interrupted(written: str, out_path: str, rest: str, interrupts: Interrupts) -> None:
+    """Say what a Ctrl-C before the end left, and exit 130."""
+    click.echo(
+        f"\ninterrupted: {written} results written to {out_path}; {rest} Run the same "
+        "command again to resume (stored results are reused, nothing runs twice).",
+        err=True,
+    )
+    interrupts.settle()
+    raise click.exceptions.Exit(130) from None
+
+
+def _finish(tally: Tally, bad: list[str], out_path: str, interrupts: Interrupts) -> None:
+    """Exit with the batch's code, or 130 saying so when a late Ctrl-C came."""
+    if interrupts.settle():
+        click.echo(
+            f"interrupted as the batch finished: all {tally.done} results were already "
+            f"written to {out_path}; nothing was stopped",
+            err=True,
+        )
+        raise click.exceptions.Exit(130)
+    raise click.exceptions.Exit(_exit_code(tally, bad))
+
+
 @batch.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
 @out_option
@@ -258,11 +289,7 @@ def run_batch(
     Running the same command again resumes: results already stored are reused.
     """
     path = _input(file, allow_writes, strict)
-    if Path(out_path).exists() and Path(out_path).samefile(path):
-        raise CliFailure(
-            f"--out {out_path} is the input file: writing the results there would erase "
-            "the requests before they are read; give --out another file"
-        )
+    _refuse_out_as_input(out_path, path)
     total = _count_lines(path)
     settings = Settings.from_env()
     tally, bad, bad_lines = Tally(), list[str](), _BadLines()
@@ -295,25 +322,11 @@ def run_batch(
             runner.stop()
             out.flush()
             rest = _what_happens_to_the_rest(settings, local, runner.messages, runner.batch_id)
-            click.echo(
-                f"\ninterrupted: {tally.done} of {total} results written to {out_path}; "
-                f"{rest} Run the same "
-                "command again to resume (stored results are reused, nothing runs twice).",
-                err=True,
-            )
-            interrupts.settle()
-            raise click.exceptions.Exit(130) from None
+            _say_interrupted(f"{tally.done} of {total}", out_path, rest, interrupts)
         # Every line has its result: a chunk still waiting holds only finished requests.
         withdraw(settings, runner.messages, batch_id=runner.batch_id)
     _summary(tally, total, bad, time.monotonic() - started, runner.reused)
-    if interrupts.settle():
-        click.echo(
-            f"interrupted as the batch finished: all {tally.done} results were already "
-            f"written to {out_path}; nothing was stopped",
-            err=True,
-        )
-        raise click.exceptions.Exit(130)
-    raise click.exceptions.Exit(_exit_code(tally, bad))
+    _finish(tally, bad, out_path, interrupts)
 
 
 @batch.command("submit")
