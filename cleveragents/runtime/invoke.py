@@ -405,12 +405,9 @@ def invoke(
     result, and the tool does not start (the worker's at-most-once claim).
     """
     started = time.perf_counter()
-    try:
-        parsed = parse_request(request, max_bytes=max_request_bytes)
-    except SchemaValidationError as exc:
-        return _invalid_request(
-            request, str(exc), {**exc.details, "exception_type": type(exc).__name__}, started
-        )
+    parsed = _parsed(request, max_request_bytes, started)
+    if isinstance(parsed, SkillResult):
+        return parsed  # not a valid request
     skill, tool = parsed.skill, parsed.tool
     progress = _Progress()
     try:
@@ -430,16 +427,30 @@ def invoke(
     except AwaitingApproval:
         raise
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
-        failed = failed_with(
-            _error(exc, skill, tool), skill, tool, duration_ms=_elapsed_ms(started)
-        )
-        outcome = progress.write_outcome(parsed.allow_writes)
-        return failed if outcome is None else with_write_outcome(failed, outcome)
+        return _failure(exc, parsed, progress, started)
     return SkillResult(
-        skill_name=skill,
-        tool_name=tool,
-        success=True,
-        output_data=data,
-        duration_ms=_elapsed_ms(started),
-        resource_changes=changes,
-    )
+        skill_name=skill, tool_name=tool, success=True, output_data=data,
+        duration_ms=_elapsed_ms(started), resource_changes=changes,
+    )  # fmt: skip
+
+
+def _parsed(
+    request: SkillInvocationRequest | Mapping[str, Any], max_bytes: int, started: float
+) -> SkillInvocationRequest | SkillResult:
+    """The request validated, or the ``validation_error`` result that says why it is not."""
+    try:
+        return parse_request(request, max_bytes=max_bytes)
+    except SchemaValidationError as exc:
+        return _invalid_request(
+            request, str(exc), {**exc.details, "exception_type": type(exc).__name__}, started
+        )
+
+
+def _failure(
+    exc: BaseException, parsed: SkillInvocationRequest, progress: _Progress, started: float
+) -> SkillResult:
+    """The failed result of ``exc``, saying whether a write it cut off may have happened."""
+    skill, tool = parsed.skill, parsed.tool
+    failed = failed_with(_error(exc, skill, tool), skill, tool, duration_ms=_elapsed_ms(started))
+    outcome = progress.write_outcome(parsed.allow_writes)
+    return failed if outcome is None else with_write_outcome(failed, outcome)
