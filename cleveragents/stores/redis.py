@@ -56,7 +56,7 @@ local out = {}
 for i = 1, #KEYS do
   out[i] = redis.call('SET', KEYS[i], ARGV[i + 1], 'NX', 'GET', 'EX', ARGV[1])
   if out[i] == ARGV[i + 1] then
-    redis.call('SET', KEYS[i], ARGV[i + 1], 'XX', 'EX', ARGV[1])
+    redis.call('EXPIRE', KEYS[i], ARGV[1])
   end
 end
 return out
@@ -91,7 +91,7 @@ if before and before ~= ARGV[1] then
   return {before, 0, 0}
 end
 if before then  -- bound by its producer (SETNX: no time to live yet)
-  redis.call('SET', KEYS[1], ARGV[1], 'XX', 'EX', ARGV[2])
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
 end
 if cancelled and not redis.call('GET', KEYS[2]) then
   return {before, 0, 1}

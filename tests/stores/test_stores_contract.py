@@ -246,6 +246,27 @@ def test_an_id_bound_to_the_same_content_stores_started_only_where_nothing_finis
     assert stores.results.get_payloads(["s-4"]) == [result_payload(ok("four"), "s-4")]
 
 
+def test_a_worker_gives_its_producers_binding_a_time_to_live(redis_url: str) -> None:
+    # A producer binds with SETNX (no time to live); each of the worker's two
+    # scripts, the chunk's bind and a single's bind with STARTED, gives it one
+    settings = Settings.from_env({})
+    producer = open_stores(settings, celery_backend(redis_url))
+    worker = open_stores(settings, celery_backend(redis_url), worker=True)
+    assert isinstance(worker.guard, RedisGuardStore)
+    assert worker.guard.scripted
+    producer.guard.bind([("t-1", "d1"), ("t-2", "d2")])
+    client = redis.Redis.from_url(redis_url)
+    assert [client.ttl(f"cleveragents:bind:{rid}") for rid in ("t-1", "t-2")] == [-1, -1]
+    assert worker.guard.bind([("t-1", "d1")]) == ["d1"]
+    assert worker.guard.bind_starting("t-2", "d2", Started(worker, "t-2").mark)[:2] == (
+        "d2",
+        True,
+    )
+    for rid, digest in (("t-1", "d1"), ("t-2", "d2")):
+        assert 0 < client.ttl(f"cleveragents:bind:{rid}") <= worker.guard.ttl
+        assert worker.guard.binding(rid) == digest
+
+
 def test_a_stored_success_is_never_overwritten_by_started(stores: Stores) -> None:
     stores.results.put_many([("s-5", ok("five"))])
     started = Started(stores, "s-5")
