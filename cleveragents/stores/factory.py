@@ -79,9 +79,7 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
             guard=RedisGuardStore(
                 client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker
             ),
-            results=RedisResultStore(
-                client, backend.get_key_for_task, expires, scripted=worker
-            ),
+            results=RedisResultStore(client, backend.get_key_for_task, expires),
             ledger=RedisBatchLedger(client, expires),
             metrics=RedisMetricStore(client),
             approvals=RedisApprovalStore(client, settings.result_expires_s),

@@ -43,11 +43,11 @@ log = logging.getLogger(__name__)
 #: Ledger ids read from Redis at once.
 _PAGE = 10_000
 
-#: Many keys at once are written by one script, not a pipeline of commands: 1-2 us of
-#: the caller's CPU per key against 7-11 for a command per key, even packed here
-#: (``stores/resp.py``; measured with 500 keys). Redis checks each command a script
-#: runs against the caller's user, as if sent alone.
-_SCRIPT_FROM = 2
+#: Many ids are bound by one script, not a pipeline of commands: the script's
+#: condition (a producer's binding gets its time to live) would be a second command per
+#: key, 3-4 us more of the caller's CPU per key for 0-1 us less of Redis's (100 keys at
+#: once). Redis checks each command a script runs against the caller's user, as if
+#: sent alone.
 #: KEYS: bind keys; ARGV[1]: time to live (s), then a digest per key. Returns what each
 #: key held before (nil where it was free, and is now bound). A key already bound to
 #: its digest gets the time to live: a producer binds with ``SETNX``, which sets none.
@@ -61,19 +61,6 @@ for i = 1, #KEYS do
 end
 return out
 """
-#: KEYS: result keys; ARGV[1]: time to live (s, 0: none), then a value per key.
-_PUT_LUA = """
-local ttl = tonumber(ARGV[1])
-for i = 1, #KEYS do
-  if ttl > 0 then
-    redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ttl)
-  else
-    redis.call('SET', KEYS[i], ARGV[i + 1])
-  end
-end
-return #KEYS
-"""
-
 #: KEYS[1]: the id's bind key, KEYS[2]: its result key, KEYS[3]: its cancel mark. ARGV:
 #: the digest, the bind's time to live (s), the encoded STARTED state, its time to live
 #: (s, 0: none). Binds the id; where it is cancelled and nothing is stored under it
@@ -306,15 +293,10 @@ class RedisResultStore(KeyValueResults):
         client: Any,
         key_for: Callable[[str], Any],
         expires_s: int | None,
-        *,
-        scripted: bool = False,
     ) -> None:
         self.client = client
         self.key_for = key_for
         self.expires_s = expires_s
-        #: Write many results with one script (a worker's Redis user may; a producer's
-        #: writes only a batch's invalid lines, and may not).
-        self.scripted = scripted
 
     def _read(self, request_ids: Sequence[str]) -> Sequence[Any]:
         keys = [self.key_for(rid) for rid in request_ids]
@@ -323,25 +305,17 @@ class RedisResultStore(KeyValueResults):
 
     def _write(self, metas: Sequence[tuple[str, dict[str, Any]]]) -> None:
         # No PUBLISH per result (Celery's own store does one): it would double the
-        # commands of a batch, and SkillClient.wait also re-reads the store.
-        encoded = [
-            (self.key_for(rid), json.dumps(meta, separators=(",", ":"))) for rid, meta in metas
+        # commands of a batch, and SkillClient.wait also re-reads the store. A pipeline
+        # of SETs, packed here, not a script: Redis spends 2.3-3.0 us on a 365-byte
+        # result's SET sent so and 4.1-4.7 us on one a script makes (its arguments
+        # are copied into Lua and out again), and the caller about the same either way
+        # (3.8-4.5 against 3.4-3.6 us; 100 keys at once).
+        expiry: tuple[Arg, ...] = ("EX", self.expires_s) if self.expires_s else ()
+        commands = [
+            ("SET", self.key_for(rid), json.dumps(meta, separators=(",", ":")), *expiry)
+            for rid, meta in metas
         ]
-
-        def write() -> None:
-            if self.scripted and len(encoded) >= _SCRIPT_FROM:
-                keys = [key for key, _ in encoded]
-                ttl = int(self.expires_s or 0)
-                self._put_script(keys=keys, args=[ttl, *(value for _, value in encoded)])
-                return
-            expiry: tuple[Arg, ...] = ("EX", self.expires_s) if self.expires_s else ()
-            pipelined(self.client, [("SET", key, value, *expiry) for key, value in encoded])
-
-        retrying(write)
-
-    @cached_property
-    def _put_script(self) -> Script:
-        return Script(self.client, _PUT_LUA)
+        retrying(lambda: pipelined(self.client, commands))
 
     def _delete(self, request_ids: Sequence[str]) -> None:
         keys = [self.key_for(rid) for rid in request_ids]
