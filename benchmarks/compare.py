@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compare.py [--lines 100000] [--singles 3000]
         [--latency-samples 300] [--slow 300 --slow-ms 200] [--rounds 2] [--quick]
         [--systems plain,events,chunks,stored,dramatiq,singles,batch,slow] [--paired 600]
-        [--check] [--ablate bind,lookups,schema,deadline,observe] [--redis-commands]
+        [--check] [--ablate bind,lookups,schema,deadline,observe,transport] [--redis-commands]
 
 One private ``redis-server`` (no persistence, a free port), one worker per system,
 each started as its users start it, with its defaults; the trivial tool
@@ -144,7 +144,7 @@ WORKER_OF = {
     "batch": "cleveragents",
     "slow": "cleveragents",
 }
-ABLATIONS = ("bind", "lookups", "schema", "deadline", "observe")  # --ablate
+ABLATIONS = ("bind", "lookups", "schema", "deadline", "observe", "transport")  # --ablate
 SINGLES_TARGET = 0.9  # singles / plain, jobs/s: at least this
 BATCH_TARGET = 0.6  # batch / chunks, jobs/s: at least this
 STORED_TARGET = 0.7  # batch / stored, jobs/s: at least this
@@ -1012,7 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ablate",
         default="",
         help="leave these promises out of cleveragents, to price them: comma-separated, of "
-        "bind,lookups,schema,deadline,observe (benchmarks/ablate/sitecustomize.py)",
+        "bind,lookups,schema,deadline,observe,transport (benchmarks/ablate/sitecustomize.py)",
     )
     args = parser.parse_args(argv)
     unknown_ablations = set(filter(None, args.ablate.split(","))) - set(ABLATIONS)

@@ -15,6 +15,11 @@ on the path of a normal run.
 ``schema``    no JSON Schema validation of arguments and outputs
 ``deadline``  no timeout: the tool is called with no timer armed
 ``observe``   no invocation log line and no metrics
+``transport`` kombu's own Redis transport and Celery's own Redis result backend: no
+              fetch that takes and records a message at once (``broker/redis/fetch.py``),
+              no holders and heartbeats (a dead worker's messages wait for the
+              visibility timeout), no doorbells, and a state stored with a ``GET`` then
+              a ``SET`` (a late ``STARTED`` can overwrite a success)
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import os
 
 #: The promises that can be left out, each with the modules it changes.
-NAMES = ("bind", "lookups", "schema", "deadline", "observe")
+NAMES = ("bind", "lookups", "schema", "deadline", "observe", "transport")
 
 
 def _patches(wanted: set[str]) -> dict[str, list[object]]:
@@ -46,6 +51,12 @@ def _patches(wanted: set[str]) -> dict[str, list[object]]:
     def no_observer(module: object) -> None:
         module.WorkerObserver.__call__ = lambda self, request_id, result: None  # type: ignore[attr-defined]
 
+    def kombus_transport(module: object) -> None:
+        module.consumer_transport = lambda settings: None  # type: ignore[attr-defined]
+
+    def celerys_backend(module: object) -> None:
+        module.worker_result_backend = lambda url: None  # type: ignore[attr-defined]
+
     table = {
         "bind": [
             ("cleveragents.client", no_producer_bind),
@@ -55,6 +66,10 @@ def _patches(wanted: set[str]) -> dict[str, list[object]]:
         "schema": [("cleveragents.runtime.invoke", no_schema)],
         "deadline": [("cleveragents.runtime.kinds.python", no_deadline)],
         "observe": [("cleveragents.worker.invocation_report", no_observer)],
+        "transport": [
+            ("cleveragents.broker.celery_settings", kombus_transport),
+            ("cleveragents.broker.redis.result_backend", celerys_backend),
+        ],
     }
     out: dict[str, list[object]] = {}
     for name in wanted:
