@@ -88,4 +88,36 @@ def test_ablations_change_only_what_they_name_and_only_where_asked() -> None:
     # And a name it does not know stops the process, naming those it knows
     unknown = run("schema,speed")
     assert unknown.returncode != 0
-    assert "unknown ['speed']; known: bind, lookups, schema, deadline, observe" in unknown.stderr
+    assert (
+        "unknown ['speed']; known: bind, lookups, schema, deadline, observe, transport"
+        in unknown.stderr
+    )
+
+
+def test_the_transport_ablation_leaves_the_worker_on_kombus_transport_and_celerys_backend() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    env["PYTHONPATH"] = f"{REPO / 'benchmarks' / 'ablate'}{os.pathsep}{REPO}"
+    env["CLEVERAGENTS_BROKER_URL"] = "redis://127.0.0.1:1/0"
+    probe = (
+        "from cleveragents.settings import Settings;"
+        "from cleveragents.worker import startup;"
+        "print(startup.consumer_transport(Settings.from_env()),"
+        " startup.worker_result_backend('redis://127.0.0.1:1/0'))"
+    )
+
+    def run(ablate: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=REPO,
+            env={**env, "BENCH_ABLATE": ablate},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout.split()
+
+    assert run("") == [
+        "cleveragents.broker.redis.transport:Transport",
+        "cleveragents.broker.redis.result_backend:RedisBackend+redis://127.0.0.1:1/0",
+    ]
+    assert run("transport") == ["None", "None"]
