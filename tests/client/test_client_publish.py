@@ -118,3 +118,41 @@ def test_publishing_makes_no_redis_client_per_message(
         producer.submit("local/common", "local/noop", {})
     monkeypatch.undo()
     assert made == []
+
+
+def test_a_queue_is_declared_once_per_connection_not_once_per_submission(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kombu.common
+
+    declared: list[str] = []
+    real = kombu.common._maybe_declare  # what kombu runs, through its retries, to declare
+
+    def counting(entity: Any, channel: Any) -> Any:
+        declared.append(getattr(entity, "name", ""))
+        return real(entity, channel)
+
+    monkeypatch.setattr(kombu.common, "_maybe_declare", counting)
+    binding = f"_kombu.binding.{QUEUE_READ}"
+    server = redis.Redis.from_url(redis_url)
+    # The first submission on a connection declares its queue (kombu's binding in Redis;
+    # the connection is kombu's pooled one, which earlier tests may have used: made anew)
+    with SkillClient(settings=_settings(redis_url)) as client:
+        with client.app.producer_or_acquire() as producer:
+            producer.connection.close()
+        client.submit("local/common", "local/noop", {})
+        assert server.exists(binding)
+        assert declared.count(QUEUE_READ) == 1
+        # The next ones on the same connection do not ask kombu again
+        for _ in range(5):
+            client.submit("local/common", "local/noop", {})
+        assert declared.count(QUEUE_READ) == 1
+        # A connection made again (here, the pool's closed) declares again
+        server.delete(binding)
+        with client.app.producer_or_acquire() as producer:
+            producer.connection.close()
+        client.submit("local/common", "local/noop", {})
+        assert server.exists(binding)
+        assert declared.count(QUEUE_READ) == 2
+    assert len(_queued_ids(redis_url)) == 7
+    server.close()
