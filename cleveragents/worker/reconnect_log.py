@@ -8,8 +8,15 @@ the first warning stays; the attempts are said again only once a minute while th
 broker stays away (as warnings: the worker is riding it out); the paragraph and the
 prefetch line go; and the line Celery logs on connecting says how long it took.
 
-The records are matched on Celery's own message constants (imported, not copied):
-a Celery that words them otherwise is let through unchanged.
+A connection RabbitMQ closed (a broker restart, a dropped connection) also makes
+Celery log, with a traceback, its failure to close what was already closed: the
+event loop's clean-up ("Error cleaning up after event loop: ConnectionResetError")
+and a step's stop ("Error on stopping Hub: BrokenPipeError"). Those go too when
+their error is the lost connection's; any other error there keeps its traceback.
+
+The records are matched on Celery's own message constants (imported where Celery
+names them, else its literal texts): a Celery that words them otherwise is let
+through unchanged.
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from typing import Any
 
+from amqp.exceptions import ConnectionError as AmqpConnectionError
 from celery.exceptions import CPendingDeprecationWarning
 from celery.worker.consumer import consumer as celery_consumer
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["STILL_AWAY_EVERY_S", "ReconnectLog", "install"]
 
@@ -37,6 +47,12 @@ _COULD_NOT = ("Couldn't ack", "Couldn't reject")
 REQUEST_LOGGER = "celery.worker.request"
 #: Celery's info line after a reconnection in per-consumer QoS mode (nothing to act on).
 _PREFETCH_SKIPPED = "Skipping prefetch count reduction"
+#: The loggers, and Celery's texts, of a clean-up that met the connection already closed.
+BOOTSTEPS_LOGGER = "celery.bootsteps"
+LOOPS_LOGGER = "celery.worker.loops"
+_CLEAN_UP_FAILED = ("Error on %s %s: %r", "Error cleaning up after event loop: %r")
+#: The errors of a connection that is gone.
+_LOST = (OSError, AmqpConnectionError, RedisConnectionError)
 
 
 class ReconnectLog(logging.Filter):
@@ -53,6 +69,8 @@ class ReconnectLog(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         if msg.startswith(_PREFETCH_SKIPPED):
             return False
+        if msg in _CLEAN_UP_FAILED and _lost_connection(record.exc_info):
+            return False  # closing what the broker closed: the loss is said once already
         if msg.startswith(_COULD_NOT):  # an ack as the broker went: no traceback for it
             tag, exc = (*args, "", "")[:2]
             record.msg = (
@@ -86,6 +104,12 @@ class ReconnectLog(logging.Filter):
         return True
 
 
+def _lost_connection(exc_info: Any) -> bool:
+    """Whether a record's exception is a connection's that is gone."""
+    exc = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) == 3 else None
+    return isinstance(exc, _LOST)
+
+
 def install() -> ReconnectLog:
     """Put the filter on Celery's consumer loggers and silence the paragraph (a worker's
     main process, as logging is set up)."""
@@ -95,7 +119,8 @@ def install() -> ReconnectLog:
         category=CPendingDeprecationWarning,
     )
     shared = ReconnectLog()
-    for name in (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER):
+    loggers = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, BOOTSTEPS_LOGGER, LOOPS_LOGGER)
+    for name in loggers:
         logger = logging.getLogger(name)
         for old in [f for f in logger.filters if isinstance(f, ReconnectLog)]:
             logger.removeFilter(old)

@@ -15,11 +15,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
+from tests.conftest import Broker
 from tests.support.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -121,3 +123,88 @@ def test_an_ack_the_outage_cut_off_is_one_warning_without_a_traceback() -> None:
     assert said.startswith("could not acknowledge message tag-1 (")
     assert "ConnectionError" in said
     assert "): the broker is away; it will be delivered again" in said
+
+
+def _close_connections(vhost_url: str) -> int:
+    """Close every connection of the URL's virtual host, as a broker restart would."""
+    vhost = vhost_url.rsplit("/", 1)[1]
+    out = subprocess.run(
+        ["rabbitmqctl", "-q", "list_connections", "-p", vhost, "pid"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pids = out.stdout.split()
+    for pid in pids:
+        subprocess.run(
+            ["rabbitmqctl", "-q", "close_connection", pid, "test: broker restart"],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    return len(pids)
+
+
+def test_a_rabbitmq_connection_drop_leaves_no_traceback(
+    rabbit_url: str, redis_url: str, start_worker: Any
+) -> None:
+    worker = start_worker(Broker("rabbitmq", rabbit_url, redis_url))
+    client = SkillClient(settings=Settings.from_env(
+        {"CLEVERAGENTS_BROKER_URL": rabbit_url, "CLEVERAGENTS_RESULT_BACKEND": redis_url}
+    ))  # fmt: skip
+    sent = []
+    for drop in range(RESTARTS):
+        # Given invocations running and waiting as every connection of the vhost drops
+        sent += [
+            client.submit(client.build_request("local/common", "local/sleep", {"seconds": 1.0}))
+            for _ in range(4)
+        ]
+        time.sleep(0.5)
+        assert _close_connections(rabbit_url) > 0
+        wait_until(
+            lambda n=drop: worker.log_text().count("again, after") > n,
+            60,
+            "the worker connected again",
+        )
+    # Then every invocation ends in a success
+    results = [handle.result(timeout=90) for handle in sent]
+    assert [r.success for r in results] == [True] * len(sent), [r.error for r in results]
+    time.sleep(1)
+    text = worker.log_text()
+    # And the log says each drop and each return, with no traceback and no ERROR line
+    assert text.count("consumer: Connection to broker lost") == RESTARTS, text
+    assert "Traceback" not in text, text
+    assert not re.search(r"ERROR/|CRITICAL/", text), text
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "error"),
+    [
+        ("celery.bootsteps", ("Error on %s %s: %r", "stopping", "Hub"), BrokenPipeError(32, "x")),
+        (
+            "celery.worker.loops",
+            ("Error cleaning up after event loop: %r",),
+            ConnectionResetError(104, "x"),
+        ),
+    ],
+)
+def test_closing_what_the_broker_closed_is_not_logged_but_another_error_is(
+    module: str, args: tuple[str, ...], error: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib
+    import inspect
+
+    from cleveragents.worker.reconnect_log import install
+
+    celery_module = importlib.import_module(module)
+    # Celery still words it so (else the filter lets it through, and this says so)
+    assert args[0] in inspect.getsource(celery_module)
+    install()
+    logger = celery_module.logger
+    for exc in (error, ValueError("a real bug")):
+        try:
+            raise exc
+        except Exception as raised:
+            logger.exception(*args, raised)
+    said = [r for r in caplog.records if r.name == module]
+    # The lost connection's clean-up is dropped; a real bug keeps its ERROR and traceback
+    assert len(said) == 1
+    assert said[0].levelname == "ERROR"
+    assert said[0].exc_info is not None
+    assert isinstance(said[0].exc_info[1], ValueError)
