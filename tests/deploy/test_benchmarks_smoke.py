@@ -60,10 +60,22 @@ def test_compare_runs_every_available_system_and_prints_the_table() -> None:
         assert verdict in out
 
 
+def _ablated(probe: str, ablate: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``probe`` with the ablation folder first on the path, as compare.py --ablate
+    puts it, and ``BENCH_ABLATE=ablate``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    clean["PYTHONPATH"] = f"{REPO / 'benchmarks' / 'ablate'}{os.pathsep}{REPO}"
+    return subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env={**clean, **env, "BENCH_ABLATE": ablate},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_ablations_change_only_what_they_name_and_only_where_asked() -> None:
-    # Given the ablation folder first on the path, as compare.py --ablate puts it
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
-    env["PYTHONPATH"] = f"{REPO / 'benchmarks' / 'ablate'}{os.pathsep}{REPO}"
     probe = (
         "import sys, cleveragents.runtime.invoke, cleveragents.runtime.kinds.python;"
         "m = sys.modules;"
@@ -73,14 +85,7 @@ def test_ablations_change_only_what_they_name_and_only_where_asked() -> None:
     )
 
     def run(ablate: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", probe],
-            cwd=REPO,
-            env={**env, "BENCH_ABLATE": ablate},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return _ablated(probe, ablate)
 
     # When nothing is named, nothing changes; when "schema" is, only validation goes
     assert run("").stdout.split() == ["True", "cleveragents.runtime.deadline"]
@@ -95,9 +100,6 @@ def test_ablations_change_only_what_they_name_and_only_where_asked() -> None:
 
 
 def test_the_transport_ablation_leaves_the_worker_on_kombus_transport_and_celerys_backend() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
-    env["PYTHONPATH"] = f"{REPO / 'benchmarks' / 'ablate'}{os.pathsep}{REPO}"
-    env["CLEVERAGENTS_BROKER_URL"] = "redis://127.0.0.1:1/0"
     probe = (
         "from cleveragents.settings import Settings;"
         "from cleveragents.worker import startup;"
@@ -106,15 +108,8 @@ def test_the_transport_ablation_leaves_the_worker_on_kombus_transport_and_celery
     )
 
     def run(ablate: str) -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-c", probe],
-            cwd=REPO,
-            env={**env, "BENCH_ABLATE": ablate},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        return done.stdout.split()
+        url = "redis://127.0.0.1:1/0"
+        return _ablated(probe, ablate, CLEVERAGENTS_BROKER_URL=url).stdout.split()
 
     assert run("") == [
         "cleveragents.broker.redis.transport:Transport",

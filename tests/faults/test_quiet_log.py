@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,23 @@ def aof_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+def _ride_out(client: SkillClient, fault: Callable[[], object], log: Callable[[], str]) -> None:
+    """``RESTARTS`` times: invocations running and waiting as ``fault`` hits, until the
+    worker's ``log`` says it connected again; then every one ends in a success."""
+    sent = []
+    for n in range(RESTARTS):
+        sent += [
+            client.submit(client.build_request("local/common", "local/sleep", {"seconds": 1.5}))
+            for _ in range(4)
+        ]
+        time.sleep(0.5)
+        fault()
+        wait_until(lambda n=n: log().count("again, after") > n, 60, "the worker connected again")
+    results = [handle.result(timeout=90) for handle in sent]
+    assert [r.success for r in results] == [True] * len(sent), [r.error for r in results]
+    time.sleep(1)
 
 
 def test_a_redis_restart_leaves_one_warning_one_line_back_and_no_traceback(
@@ -63,26 +80,14 @@ def test_a_redis_restart_leaves_one_warning_one_line_back_and_no_traceback(
         wait_until(lambda: (tmp_path / "ready").exists() or worker.poll() is not None, 60, "ready")
         assert worker.poll() is None, log_path.read_text()
         client = SkillClient(settings=Settings.from_env(env))
-        sent = []
-        for restart in range(RESTARTS):
-            # Given invocations running and waiting as Redis goes away
-            sent += [
-                client.submit(client.build_request("local/common", "local/sleep", {"seconds": 1.5}))
-                for _ in range(4)
-            ]
-            time.sleep(0.5)
+
+        def restart() -> None:
             aof_redis.stop(signal.SIGKILL)
             time.sleep(3)
             aof_redis.start()
-            wait_until(
-                lambda n=restart: log_path.read_text().count("again, after") > n,
-                60,
-                "the worker connected again",
-            )
-        # Then every invocation ends in a success
-        results = [handle.result(timeout=90) for handle in sent]
-        assert [r.success for r in results] == [True] * len(sent), [r.error for r in results]
-        time.sleep(1)
+
+        # Given invocations running and waiting as Redis goes away; then all succeed
+        _ride_out(client, restart, log_path.read_text)
     finally:
         worker.send_signal(signal.SIGTERM)  # as docker stop does: the main process only
         try:
@@ -133,6 +138,7 @@ def _close_connections(vhost_url: str) -> int:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     pids = out.stdout.split()
+    assert pids, f"no connection to close in {vhost}"
     for pid in pids:
         subprocess.run(
             ["rabbitmqctl", "-q", "close_connection", pid, "test: broker restart"],
@@ -148,24 +154,9 @@ def test_a_rabbitmq_connection_drop_leaves_no_traceback(
     client = SkillClient(settings=Settings.from_env(
         {"CLEVERAGENTS_BROKER_URL": rabbit_url, "CLEVERAGENTS_RESULT_BACKEND": redis_url}
     ))  # fmt: skip
-    sent = []
-    for drop in range(RESTARTS):
-        # Given invocations running and waiting as every connection of the vhost drops
-        sent += [
-            client.submit(client.build_request("local/common", "local/sleep", {"seconds": 1.0}))
-            for _ in range(4)
-        ]
-        time.sleep(0.5)
-        assert _close_connections(rabbit_url) > 0
-        wait_until(
-            lambda n=drop: worker.log_text().count("again, after") > n,
-            60,
-            "the worker connected again",
-        )
-    # Then every invocation ends in a success
-    results = [handle.result(timeout=90) for handle in sent]
-    assert [r.success for r in results] == [True] * len(sent), [r.error for r in results]
-    time.sleep(1)
+    # Given invocations running and waiting as every connection of the vhost drops;
+    # then all succeed
+    _ride_out(client, lambda: _close_connections(rabbit_url), worker.log_text)
     text = worker.log_text()
     # And the log says each drop and each return, with no traceback and no ERROR line
     assert text.count("consumer: Connection to broker lost") == RESTARTS, text
