@@ -64,7 +64,7 @@ class Stores:
 
 def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> Stores:
     """The stores beside Celery's result ``backend`` (``worker``: a worker's, which may
-    bind many ids and write many results with one script each).
+    run scripts: many ids bound at once, a first delivery's binding with its ``STARTED``).
 
     With the Redis result backend: keys in that Redis, through the backend's own
     client (one connection pool). With any other (the embedded default's file
