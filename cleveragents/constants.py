@@ -52,6 +52,14 @@ DECISION_KEY_PREFIX = "cleveragents:decision:"
 APPROVAL_INDEX_KEY = "cleveragents:approvals"
 #: The audit trail of writes (a stream), written by workers, capped at CLEVERAGENTS_AUDIT_MAXLEN.
 AUDIT_KEY = "cleveragents:audit"
+#: A read-only worker's parked records, their index and its audit trail: keys of its own,
+#: so that its Redis user can neither plant nor rewrite what write workers act on
+#: (docs/security.md, "Who may write what a worker acts on").
+READ_ONLY_APPROVAL_KEY_PREFIX = "cleveragents:ro:approval:"
+READ_ONLY_APPROVAL_INDEX_KEY = "cleveragents:ro:approvals"
+READ_ONLY_AUDIT_KEY = "cleveragents:ro:audit"
+#: Prefix of a read-only worker's fleet-wide limits (write workers' under ``LIMIT_KEY_PREFIX``).
+READ_ONLY_LIMIT_KEY_PREFIX = "cleveragents:ro:limit:"
 #: Dead letters kept; older ones are dropped.
 DEAD_LETTER_LIMIT = 10_000
 #: Redis hash of finished invocations by skill, tool, outcome and error type.

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 from redis import RedisError
 
 from cleveragents.constants import (
-    APPROVAL_INDEX_KEY,
     QUEUE_BATCH,
     QUEUE_BATCH_WRITE,
     QUEUE_READ,
@@ -471,8 +470,10 @@ def _approvals(counts: MetricCounts, redis: Any, now: float) -> list[str]:
 
 
 def _oldest_parked_s(redis: Any, now: float) -> float:
-    first = redis.zrange(APPROVAL_INDEX_KEY, 0, 0, withscores=True)
-    return max(0.0, now - float(first[0][1])) if first else 0.0
+    from cleveragents.stores.approvals_redis import RedisApprovalStore  # the exporter's only
+
+    oldest = RedisApprovalStore(redis, 0).oldest_asked_at()  # both fleets' indexes
+    return max(0.0, now - oldest) if oldest is not None else 0.0
 
 
 def _waits(counts: MetricCounts) -> list[str]:

@@ -183,6 +183,9 @@ class Settings:
     approval_ttl_s: float = 86400.0
     #: The audit stream keeps about this many events (Redis ``XADD MAXLEN ~``).
     audit_maxlen: int = 1_000_000
+    #: The key workers seal the audit trail's chain with (``stores/audit_chain.py``);
+    #: None: chained without a key (a gap or trim shows, a careful forgery does not).
+    audit_key: str | None = field(default=None, repr=False)
     #: Run on a Redis whose maxmemory-policy evicts keys (it may drop queued
     #: invocations, write claims and results): refused unless this is set.
     allow_eviction: bool = False
@@ -229,6 +232,7 @@ class Settings:
             approval_for_writes=_flag(env, "CLEVERAGENTS_APPROVAL_FOR_WRITES", False),
             approval_ttl_s=_positive_float(env, "CLEVERAGENTS_APPROVAL_TTL_S", 86400.0),
             audit_maxlen=_positive_int(env, "CLEVERAGENTS_AUDIT_MAXLEN", 1_000_000),
+            audit_key=(env.get("CLEVERAGENTS_AUDIT_KEY") or "").strip() or None,
             allow_eviction=_flag(env, "CLEVERAGENTS_ALLOW_EVICTION", False),
         )
 

@@ -5,11 +5,18 @@ is sent again, under its request id, with the request as it was parked: the work
 that takes it finds the decision and runs it (approved) or ends it
 (``permission_denied``). The message carries nothing that approves it: only the
 stored decision does, and only an approver's Redis user may write one.
+
+An approval is bound to what was shown: it names the content digest of the body the
+desk read (``approve(..., digest=)``: of what ``show`` showed, a prefix of at least
+12 hex digits), it is stored only while the parked record still has that digest,
+the message sent on is that very body, and a worker runs a delivery only when its
+own digest is the decision's.
 """
 
 from __future__ import annotations
 
 import getpass
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +27,9 @@ from cleveragents.approvals.model import (
     Decision,
     Outcome,
     Parked,
+    changed_since_shown,
 )
+from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.stores.approvals import ApprovalStore
 
@@ -29,6 +38,9 @@ __all__ = ["ApprovalDesk", "local_user"]
 #: The longest ``by`` and ``reason`` kept (a person's words, not a document).
 MAX_BY_CHARS = 200
 MAX_REASON_CHARS = 2000
+#: The shortest digest prefix ``approve --digest`` takes (48 bits: no accidental match).
+MIN_DIGEST_CHARS = 12
+_HEX = re.compile(r"^[0-9a-f]+$")
 
 
 def local_user() -> str:
@@ -66,10 +78,52 @@ class ApprovalDesk:
         return record, decision
 
     def approve(
-        self, request_id: str, *, by: str | None = None, reason: str | None = None
+        self,
+        request_id: str,
+        *,
+        digest: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
     ) -> Decision:
-        """Approve it: it runs once, with exactly the arguments it was parked with."""
-        return self._decide(request_id, APPROVED, by, reason)
+        """Approve it: it runs once, with exactly the arguments it was parked with.
+
+        ``digest``: the content digest shown with it (``approvals show --json``), or a
+        prefix of at least 12 hex digits; refused when the parked call is no longer that.
+        """
+        return self.approve_shown(request_id, digest=digest, by=by, reason=reason)[1]
+
+    def approve_shown(
+        self,
+        request_id: str,
+        *,
+        digest: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> tuple[Parked, Decision]:
+        """``approve``, with the parked call it approved (whose arguments ran).
+
+        Raises:
+            ApprovalError: nothing waits under the id, it was decided or expired, it is
+                no longer ``digest``, or its record does not match its own digest.
+        """
+        record, _ = self.show(request_id)
+        shown = content_digest(record.body)
+        if shown != record.digest:  # a record changed by hand: not what any worker parked
+            raise ApprovalError(
+                f"invocation {request_id}'s parked record does not match its own digest: it "
+                "was changed after it was parked; nothing was approved"
+            )
+        if digest is not None:
+            wanted = _digest_prefix(digest)
+            if not shown.startswith(wanted):
+                raise ApprovalError(changed_since_shown(request_id, wanted, shown))
+        who = (by or "").strip()[:MAX_BY_CHARS] or local_user()
+        said = (reason or "").strip()[:MAX_REASON_CHARS] or None
+        _, decision = self.store.decide(request_id, Decision(APPROVED, who, said, digest=shown))
+        # The body read and hashed here, not the record as the store found it: whatever
+        # changed in between, what is sent on is what was approved.
+        self.send(SkillInvocationRequest.model_validate(record.body), trace=record.trace)
+        return record, decision
 
     def reject(self, request_id: str, *, reason: str, by: str | None = None) -> Decision:
         """Reject it: it ends as ``permission_denied`` with ``reason`` for the agent to read."""
@@ -85,3 +139,18 @@ class ApprovalDesk:
         record, decision = self.store.decide(request_id, Decision(outcome, who, said))
         self.send(SkillInvocationRequest.model_validate(record.body), trace=record.trace)
         return decision
+
+
+def _digest_prefix(digest: str) -> str:
+    """``--digest``: a whole SHA-256 in hex, or a prefix of at least ``MIN_DIGEST_CHARS``.
+
+    Raises:
+        ApprovalError: it is not hex, or too short to name one call.
+    """
+    wanted = digest.strip().lower()
+    if not _HEX.match(wanted) or not MIN_DIGEST_CHARS <= len(wanted) <= 64:
+        raise ApprovalError(
+            f"--digest {digest!r}: give the digest `cleveragents approvals show ID --json` "
+            f"prints, or at least its first {MIN_DIGEST_CHARS} hex digits"
+        )
+    return wanted

@@ -28,6 +28,7 @@ __all__ = [
     "Decision",
     "Parked",
     "Resolution",
+    "changed_since_shown",
     "decide",
     "resolve",
 ]
@@ -104,8 +105,9 @@ class Decision:
     reason: str | None
     #: Filled in by the store, on its own clock.
     at: float = 0.0
-    #: The content digest of what was decided (the parked record's): a decision counts
-    #: only for exactly those arguments.
+    #: The content digest of what the person was shown and decided: a decision counts
+    #: only for a delivery whose own content has exactly this digest. Empty in a wanted
+    #: decision: the parked record's, whatever it is now (a rejection needs no more).
     digest: str = ""
 
     def encode(self) -> str:
@@ -152,8 +154,10 @@ def resolve(
     if record is None:
         parked = replace(asked, asked_at=now, expires_at=now + ttl_s, state=WAITING)
         return Resolution(WAITING, parked, None, True), parked
-    if decision is not None and decision.digest != record.digest:
-        decision = None  # about other arguments: no decision about these
+    if decision is not None and decision.digest != asked.digest:
+        # About other arguments than this delivery's own: no decision about these (a
+        # record rewritten after the person looked, or another body under the id).
+        decision = None
     if record.state != WAITING:
         return Resolution(record.state, record, decision, False), None
     if decision is not None:
@@ -192,7 +196,18 @@ def decide(
         )
     if record.state != WAITING:  # settled without a decision: cannot happen, said anyway
         raise ApprovalError(f"invocation {request_id} is {record.state}; nothing was changed")
+    if wanted.digest and wanted.digest != record.digest:
+        raise ApprovalError(changed_since_shown(request_id, wanted.digest, record.digest))
     return replace(wanted, at=now, digest=record.digest)
+
+
+def changed_since_shown(request_id: str, shown: str, now: str) -> str:
+    """Why a decision about what a person saw was refused: the parked call is another now."""
+    return (
+        f"invocation {request_id} is no longer the call that was shown (digest {shown[:12]}, "
+        f"now {now[:12]}): nothing was decided; look again with `cleveragents approvals show "
+        f"{request_id}`"
+    )
 
 
 def _decided(request_id: str, existing: Decision) -> str:

@@ -13,8 +13,11 @@ from rich.table import Table
 from cleveragents.approvals.model import ApprovalError, Decision, Parked
 from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.render import CliFailure, console, print_json
+from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.text import json_text
 from cleveragents.settings import Settings
+from cleveragents.stores.audit_chain import verify as verify_trail
+from cleveragents.stores.factory import audit_secret
 
 __all__ = ["approvals", "audit"]
 
@@ -39,6 +42,7 @@ def _decided(decision: Decision | None) -> dict[str, Any] | None:
         "by": decision.by,
         "reason": decision.reason,
         "at": decision.at,
+        "digest": decision.digest,
     }
 
 
@@ -85,6 +89,7 @@ def show_approval(request_id: str, as_json: bool) -> None:
         record, decision = _or_fail(lambda: client.approval(request_id))
     shown = {
         **record.summary(),
+        "digest": content_digest(record.body),
         "arguments": record.body.get("arguments"),
         "allow_writes": record.body.get("allow_writes") is True,
         "decision": _decided(decision),
@@ -98,6 +103,12 @@ def show_approval(request_id: str, as_json: bool) -> None:
     )
     click.echo("arguments:")
     click.echo(json_text(shown["arguments"], indent=2))
+    click.echo(f"digest: {shown['digest']}")
+    if decision is None and record.state == "waiting":
+        click.echo(
+            f"approve exactly this: cleveragents approvals approve {record.request_id} "
+            f"--digest {str(shown['digest'])[:16]}"
+        )
     if decision is not None:
         why = f": {decision.reason}" if decision.reason else ""
         click.echo(f"{decision.outcome} by {decision.by}{why}")
@@ -105,13 +116,23 @@ def show_approval(request_id: str, as_json: bool) -> None:
 
 @approvals.command("approve")
 @click.argument("request_id", metavar="ID")
+@click.option(
+    "--digest",
+    metavar="HEX",
+    help="Approve only if the call is still the one `show` showed (its digest, or 12+ "
+    "hex digits of it).",
+)
 @click.option("--by", metavar="NAME", help="Who approves (default: this user).")
 @click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
-def approve(request_id: str, by: str | None, reason: str | None) -> None:
-    """Approve ID: it runs once, with exactly the arguments `show` shows."""
+def approve(request_id: str, digest: str | None, by: str | None, reason: str | None) -> None:
+    """Approve ID: it runs once, with exactly the arguments printed."""
     with cli_client(Settings.from_env()) as client:
-        decision = _or_fail(lambda: client.approve(request_id, by=by, reason=reason))
-    click.echo(f"approved {request_id} (by {decision.by}): it runs now")
+        record, decision = _or_fail(
+            lambda: client.desk.approve_shown(request_id, digest=digest, by=by, reason=reason)
+        )
+    click.echo(f"approved {request_id} (by {decision.by}): {record.skill} / {record.tool} with")
+    click.echo(json_text(record.body.get("arguments"), indent=2))
+    click.echo(f"digest {decision.digest}: it runs now")
 
 
 @approvals.command("reject")
@@ -155,8 +176,16 @@ def parse_since(text: str) -> dt.datetime:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 @click.option("--request-id", metavar="ID", help="Only this invocation's events.")
 @click.option("--since", metavar="WHEN", help="Only events since: 15m, 2h, 7d, or an ISO time.")
-def audit(as_json: bool, request_id: str | None, since: str | None) -> None:
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Check the whole trail's chain: exit 1 naming each gap, trim or forged event.",
+)
+def audit(as_json: bool, request_id: str | None, since: str | None, verify: bool) -> None:
     """The audit trail of writes, oldest first: never an argument value."""
+    if verify:
+        _verify_trail(as_json)
+        return
     after = parse_since(since) if since else None
     shown = 0
     with cli_client(Settings.from_env()) as client:
@@ -176,3 +205,38 @@ def audit(as_json: bool, request_id: str | None, since: str | None) -> None:
         which = f" of {request_id}" if request_id else ""
         when = f" since {since}" if since else ""
         click.echo(f"no write events{which}{when} in the audit trail", err=True)
+
+
+def _verify_trail(as_json: bool) -> None:
+    """``audit --verify``: the whole trail checked against its chain (``stores/audit_chain.py``)."""
+    settings = Settings.from_env()
+    with cli_client(settings) as client:
+        log = client.stores.audit
+        report = verify_trail(log.read(), audit_secret(settings), capped=log.capped())
+    if as_json:
+        print_json(
+            {
+                "whole": report.whole,
+                "events": report.events,
+                "writers": report.writers,
+                "keyed": report.keyed,
+                "problems": report.problems,
+            }
+        )
+    else:
+        for problem in report.problems:
+            click.echo(problem)
+        state = "whole" if report.whole else f"NOT whole: {len(report.problems)} problem(s)"
+        click.echo(
+            f"audit trail {state}: {report.events} events from {report.writers} writer(s)",
+            err=True,
+        )
+        if not report.keyed:
+            click.echo(
+                "note: checked without CLEVERAGENTS_AUDIT_KEY: gaps, trims and events added by "
+                "hand show, but a forger who knows the scheme could chain an event; set the "
+                "workers' key here to check their seals",
+                err=True,
+            )
+    if not report.whole:
+        raise SystemExit(1)

@@ -1,9 +1,13 @@
 """Fleet-wide limits of a tool: at most N runs at once, at most N starts per window.
 
-One Lua script per check, in the Redis beside the results (every worker that shares
-the broker shares it), on Redis' own clock (``TIME``): a run takes a slot and a
-start only when both are free, in one step, so that two workers never both take the
-last one. A slot is a lease: its holder renews it while the tool runs (every
+One Lua script per check, in the Redis beside the results (every worker of a role
+that shares the broker shares it: write workers one set of keys, read-only workers
+their own, so that neither role's user can hold the other's slots), on Redis' own
+clock (``TIME``): a run takes a slot and a start only when both are free, in one
+step, so that two workers never both take the last one. A slot whose lease ends
+later than a lease from now, or a start still to come, was not made by this script:
+it is swept as the script runs (a forged token cannot hold a slot for ever).
+A slot is a lease: its holder renews it while the tool runs (every
 ``recovery_s / 10``) and it lapses ``recovery_s / 2`` after the last renewal, so a
 slot held by a worker that died (``kill -9``, a lost machine) comes back within
 ``CLEVERAGENTS_RECOVERY_S``, as the messages it held do. A start is remembered for
@@ -57,6 +61,9 @@ local window, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wait = 0
 if concurrency > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  -- No slot of this gate's ends later than a lease from now: one that does was not
+  -- taken or renewed here (a forged token meant to hold a slot for ever).
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], string.format('(%d', now + lease + 1000), '+inf')
   if redis.call('ZCARD', KEYS[1]) >= concurrency then
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     wait = math.max(wait, math.min(tonumber(first[2]) - now, tonumber(ARGV[6])))
@@ -64,6 +71,7 @@ if concurrency > 0 then
 end
 if starts > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], string.format('(%d', now + 1000), '+inf')  -- to come
   if redis.call('ZCARD', KEYS[2]) >= starts then
     local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
     wait = math.max(wait, tonumber(oldest[2]) + window - now)
@@ -145,13 +153,16 @@ class LimitGate(Protocol):
 class RedisLimitGate:
     """Limits in the Redis beside the results, one script per check."""
 
-    def __init__(self, client: Any, recovery_s: float) -> None:
+    def __init__(self, client: Any, recovery_s: float, prefix: str = LIMIT_KEY_PREFIX) -> None:
         self.client = client
         self.lease_ms = max(100, round(recovery_s * 1000 / 2))
         self.renew_s = max(0.05, recovery_s / 10)
+        #: Whose slots: write workers' (``LIMIT_KEY_PREFIX``) or read-only workers' own
+        #: (``READ_ONLY_LIMIT_KEY_PREFIX``), which the other role's user may not touch.
+        self.prefix = prefix
 
     def _keys(self, key: str) -> list[str]:
-        return [f"{LIMIT_KEY_PREFIX}{key}:running", f"{LIMIT_KEY_PREFIX}{key}:starts"]
+        return [f"{self.prefix}{key}:running", f"{self.prefix}{key}:starts"]
 
     def take(self, key: str, limits: Limits) -> float | Permit:
         """One script: both places taken, or the wait before the next try."""

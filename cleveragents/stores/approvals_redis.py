@@ -1,18 +1,26 @@
 """Approvals in the Redis beside the results, on Redis' own clock.
 
 Three key families, each written by one role (docs/deployment.md, "Redis users per
-role"): a worker writes the parked record (``cleveragents:approval:<id>``, a hash)
-and the index of those waiting (``cleveragents:approvals``, a sorted set by the
-time asked); only an approver writes a decision (``cleveragents:decision:<id>``, a
-hash). A worker reads the decision; it cannot make one. Each side is one script,
-so that a decision and an expiry never cross: the approver's stores a decision
-only before the record's expiry, the worker's expires a record only without one.
+role"): a write worker writes the parked record (``cleveragents:approval:<id>``, a
+hash) and the index of those waiting (``cleveragents:approvals``, a sorted set by
+the time asked); a read-only worker the same under keys of its own
+(``cleveragents:ro:approval:<id>``, ``cleveragents:ro:approvals``: ``FLEETS``), so
+that a role that may not send a write can neither plant nor rewrite a record a
+write worker acts on; only an approver writes a decision
+(``cleveragents:decision:<id>``, a hash). A worker reads the decision; it cannot
+make one. Each side is one script, so that a decision and an expiry never cross:
+the approver's stores a decision only before the record's expiry, the worker's
+expires a record only without one.
+
+A decision names the digest of what the person was shown; the approver's script
+stores it only while the record still has that digest, and the worker's counts it
+only for a delivery whose own content has it (docs/approvals.md).
 """
 
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Any
+from functools import cached_property, partial
+from typing import Any, NamedTuple
 
 from cleveragents.approvals.model import (
     WAITING,
@@ -22,11 +30,32 @@ from cleveragents.approvals.model import (
     Resolution,
     decide,
 )
-from cleveragents.constants import APPROVAL_INDEX_KEY, APPROVAL_KEY_PREFIX, DECISION_KEY_PREFIX
+from cleveragents.constants import (
+    APPROVAL_INDEX_KEY,
+    APPROVAL_KEY_PREFIX,
+    DECISION_KEY_PREFIX,
+    READ_ONLY_APPROVAL_INDEX_KEY,
+    READ_ONLY_APPROVAL_KEY_PREFIX,
+)
 from cleveragents.stores.redis_retry import retrying
 from cleveragents.stores.resp import Arg, Script
 
-__all__ = ["RedisApprovalStore"]
+__all__ = ["FLEETS", "READ_ONLY_FLEET", "WRITE_FLEET", "ApprovalKeys", "RedisApprovalStore"]
+
+
+class ApprovalKeys(NamedTuple):
+    """Where one fleet's workers keep their parked records and their index."""
+
+    record_prefix: str
+    waiting: str
+
+
+#: Write workers' keys, which only their Redis user may write.
+WRITE_FLEET = ApprovalKeys(APPROVAL_KEY_PREFIX, APPROVAL_INDEX_KEY)
+#: Read-only workers' keys, their user's own.
+READ_ONLY_FLEET = ApprovalKeys(READ_ONLY_APPROVAL_KEY_PREFIX, READ_ONLY_APPROVAL_INDEX_KEY)
+#: Both, as the approver and the exporter read them.
+FLEETS = (WRITE_FLEET, READ_ONLY_FLEET)
 
 #: KEYS: the record, the decision, the index. ARGV: the record's JSON, its time to
 #: expiry (ms), the keys' time to live (s), the request id. Returns the state, the
@@ -45,8 +74,9 @@ if not got[1] then
   return {'waiting', ARGV[1], string.format('%.6f', now), string.format('%.6f', expires), 1}
 end
 local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest')
-if d[1] and d[5] ~= got[5] then
-  d = {false, false, false, false, false}  -- about other arguments: no decision about these
+if d[1] and d[5] ~= ARGV[5] then
+  -- about other arguments than this delivery's: no decision about these
+  d = {false, false, false, false, false}
 end
 local state, changed = got[4], 0
 if state == 'waiting' then
@@ -63,9 +93,10 @@ end
 return {state, got[1], got[2], got[3], changed, d[1], d[2], d[3], d[4], d[5]}
 """
 
-#: KEYS: the record, the decision. ARGV: outcome, by, reason. Stores the decision
-#: only while the record waits, undecided and unexpired; returns whether it did,
-#: the record's fields, the decision's (stored now, or found) and the time.
+#: KEYS: the record, the decision. ARGV: outcome, by, reason, the digest decided
+#: ('': the record's). Stores the decision only while the record waits, undecided,
+#: unexpired and with that digest; returns whether it did, the record's fields, the
+#: decision's (stored now, or found) and the time.
 _DECIDE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -75,7 +106,8 @@ if not got[1] then
   return {0, false, false, false, false, false, false, false, false, false, stamp}
 end
 local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest')
-if d[1] or got[4] ~= 'waiting' or now >= tonumber(got[3]) then
+local other = ARGV[4] ~= '' and ARGV[4] ~= got[5]
+if d[1] or other or got[4] ~= 'waiting' or now >= tonumber(got[3]) then
   return {0, got[1], got[2], got[3], got[4], d[1], d[2], d[3], d[4], d[5], stamp}
 end
 redis.call('HSET', KEYS[2], 'outcome', ARGV[1], 'by', ARGV[2], 'reason', ARGV[3], 'at', stamp,
@@ -109,19 +141,27 @@ def _decision(outcome: Any, by: Any, reason: Any, at: Any, digest: Any = "") -> 
 
 
 class RedisApprovalStore:
-    """Approvals as Redis keys; see the module docstring for who writes which."""
+    """Approvals as Redis keys; see the module docstring for who writes which.
 
-    def __init__(self, client: Any, keep_s: float) -> None:
+    ``fleets``: the keys of the fleets it reads, the first the one it parks under (a
+    worker's store has its own fleet's only; a producer's and an approver's both).
+    """
+
+    def __init__(
+        self, client: Any, keep_s: float, fleets: tuple[ApprovalKeys, ...] = FLEETS
+    ) -> None:
         self.client = client
         #: How long a record (and its decision) is kept past its expiry.
         self.keep_s = max(int(keep_s), 60)
+        self.fleets = fleets
 
     @staticmethod
-    def _keys(request_id: str) -> list[str]:
-        return [f"{APPROVAL_KEY_PREFIX}{request_id}", f"{DECISION_KEY_PREFIX}{request_id}"]
+    def _keys(fleet: ApprovalKeys, request_id: str) -> list[str]:
+        return [f"{fleet.record_prefix}{request_id}", f"{DECISION_KEY_PREFIX}{request_id}"]
 
     def resolve(self, asked: Parked, ttl_s: float) -> Resolution:
-        keys = [*self._keys(asked.request_id), APPROVAL_INDEX_KEY]
+        fleet = self.fleets[0]
+        keys = [*self._keys(fleet, asked.request_id), fleet.waiting]
         args: list[Arg] = [
             asked.encode(),
             round(ttl_s * 1000),
@@ -137,38 +177,57 @@ class RedisApprovalStore:
         return Resolution(_text(state), record, decision, bool(changed))
 
     def decide(self, request_id: str, wanted: Decision) -> tuple[Parked, Decision]:
-        args = [wanted.outcome, wanted.by, wanted.reason or ""]
-        reply = retrying(lambda: self._decide(keys=self._keys(request_id), args=args))
-        stored, raw, asked_at, expires_at, state, *decided, now = reply
-        record = _record(raw, asked_at, expires_at, state)
-        decision = _decision(*decided)
-        if stored and record is not None and decision is not None:
-            return record, decision
-        decide(request_id, record, decision, wanted, float(now))  # raises: it says why
-        raise ApprovalError(f"invocation {request_id} could not be decided; nothing was changed")
+        args = [wanted.outcome, wanted.by, wanted.reason or "", wanted.digest]
+        for fleet in self.fleets:
+            keys = self._keys(fleet, request_id)
+            reply = retrying(partial(self._decide, keys=keys, args=args))
+            stored, raw, asked_at, expires_at, state, *decided, now = reply
+            record = _record(raw, asked_at, expires_at, state)
+            if record is None:
+                continue  # parked by the other fleet, or not at all
+            decision = _decision(*decided)
+            if stored and decision is not None:
+                return record, decision
+            decide(request_id, record, decision, wanted, float(now))  # raises: it says why
+            raise ApprovalError(
+                f"invocation {request_id} could not be decided; nothing was changed"
+            )
+        decide(request_id, None, None, wanted, 0.0)  # raises: nothing waits under this id
+        raise ApprovalError(f"no invocation {request_id} awaits approval")
 
     def get(self, request_id: str) -> tuple[Parked | None, Decision | None]:
-        record_key, decision_key = self._keys(request_id)
-
         def read() -> tuple[Any, Any]:
             with self.client.pipeline(transaction=False) as pipe:
-                pipe.hmget(record_key, "record", "asked_at", "expires_at", "state")
-                pipe.hmget(decision_key, "outcome", "by", "reason", "at", "digest")
-                got, decided = pipe.execute()
-            return got, decided
+                for fleet in self.fleets:
+                    record_key = self._keys(fleet, request_id)[0]
+                    pipe.hmget(record_key, "record", "asked_at", "expires_at", "state")
+                pipe.hmget(
+                    f"{DECISION_KEY_PREFIX}{request_id}", "outcome", "by", "reason", "at", "digest"
+                )
+                *records, decided = pipe.execute()
+            found = next((got for got in records if got[0] is not None), records[0])
+            return found, decided
 
         got, decided = retrying(read)
         return _record(*got), _decision(*decided)
 
     def waiting(self, limit: int = 1000) -> list[tuple[Parked, Decision | None]]:
-        ids = retrying(lambda: self.client.zrange(APPROVAL_INDEX_KEY, 0, limit - 1))
-        found = [self.get(_text(request_id)) for request_id in ids]
+        ids: list[tuple[Any, float]] = []
+        for fleet in self.fleets:
+            ids += retrying(
+                partial(self.client.zrange, fleet.waiting, 0, limit - 1, withscores=True)
+            )
+        ids.sort(key=lambda pair: pair[1])
+        found = [self.get(_text(request_id)) for request_id, _ in ids[:limit]]
         return [(r, d) for r, d in found if r is not None and r.state == WAITING]
 
     def oldest_asked_at(self) -> float | None:
         """When the longest-waiting invocation was parked (None: none waits)."""
-        first = retrying(lambda: self.client.zrange(APPROVAL_INDEX_KEY, 0, 0, withscores=True))
-        return float(first[0][1]) if first else None
+        firsts: list[float] = []
+        for fleet in self.fleets:
+            first = retrying(partial(self.client.zrange, fleet.waiting, 0, 0, withscores=True))
+            firsts += [float(first[0][1])] if first else []
+        return min(firsts) if firsts else None
 
     @cached_property
     def _resolve(self) -> Script:

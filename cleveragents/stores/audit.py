@@ -7,21 +7,27 @@ refused), ``error_type``. Never an argument value: an event is built from names,
 digests and the person's own words only (``event``).
 
 On Redis a stream (``XADD`` capped near ``CLEVERAGENTS_AUDIT_MAXLEN``) that only
-workers may write and no producer may trim (docs/deployment.md); on the embedded
-default a JSONL file in the home, private to its user.
+write workers may write and no producer may trim (docs/deployment.md), and one of
+read-only workers' own (``cleveragents:ro:audit``); readers merge both. On the
+embedded default a JSONL file in the home, private to its user. A worker's events
+are sealed in a chain (``SealedAuditLog``, ``stores/audit_chain.py``), so that
+``cleveragents audit --verify`` shows a gap, a trim or a forged event.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import json
 import os
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from cleveragents.constants import AUDIT_KEY
+from cleveragents.constants import AUDIT_KEY, READ_ONLY_AUDIT_KEY
+from cleveragents.stores.audit_chain import AuditSealer
 from cleveragents.stores.redis_retry import retrying
 
 __all__ = [
@@ -30,6 +36,7 @@ __all__ = [
     "FileAuditLog",
     "MemoryAuditLog",
     "RedisAuditLog",
+    "SealedAuditLog",
     "event",
 ]
 
@@ -93,22 +100,53 @@ class AuditLog(Protocol):
         """The events (of ``request_id``, at or after ``since``), oldest first."""
         ...
 
+    def capped(self) -> bool:
+        """Whether the trail has reached its cap (its oldest events may be gone by it)."""
+        ...
+
+
+class SealedAuditLog:
+    """A worker's trail: every event it appends sealed in its process's chain."""
+
+    def __init__(self, log: AuditLog, sealer: AuditSealer) -> None:
+        self.log = log
+        self.sealer = sealer
+
+    def append(self, events: list[dict[str, str]]) -> None:
+        if events:
+            self.sealer.append(self.log, events)
+
+    def read(
+        self, *, request_id: str | None = None, since: dt.datetime | None = None
+    ) -> Iterator[dict[str, str]]:
+        return self.log.read(request_id=request_id, since=since)
+
+    def capped(self) -> bool:
+        return self.log.capped()
+
+
+#: Write workers' stream, then read-only workers' own.
+STREAMS = (AUDIT_KEY, READ_ONLY_AUDIT_KEY)
+
 
 class RedisAuditLog:
-    """The trail as a Redis stream, capped near ``maxlen`` events."""
+    """The trail as Redis streams, each capped near ``maxlen`` events: it appends to the
+    first of ``streams`` and reads them all, merged in the order they were written."""
 
-    def __init__(self, client: Any, maxlen: int) -> None:
+    def __init__(self, client: Any, maxlen: int, streams: tuple[str, ...] = STREAMS) -> None:
         self.client = client
         self.maxlen = maxlen
+        self.streams = streams
 
     def append(self, events: list[dict[str, str]]) -> None:
         if not events:
             return
+        stream = self.streams[0]
 
         def add() -> None:
             with self.client.pipeline(transaction=False) as pipe:
                 for record in events:
-                    pipe.xadd(AUDIT_KEY, record, maxlen=self.maxlen, approximate=True)
+                    pipe.xadd(stream, record, maxlen=self.maxlen, approximate=True)
                 pipe.execute()
 
         retrying(add)
@@ -116,19 +154,28 @@ class RedisAuditLog:
     def read(
         self, *, request_id: str | None = None, since: dt.datetime | None = None
     ) -> Iterator[dict[str, str]]:
-        start = _since_ms(since)
+        merged = heapq.merge(
+            *(self._entries(stream, _since_ms(since)) for stream in self.streams),
+            key=lambda entry: entry[0],
+        )
+        for _place, record in merged:
+            if request_id is None or record.get("request_id") == request_id:
+                yield record
+
+    def capped(self) -> bool:
+        lengths = [retrying(partial(self.client.xlen, stream)) for stream in self.streams]
+        return any(int(length) >= self.maxlen for length in lengths)
+
+    def _entries(self, stream: str, start: str) -> Iterator[tuple[tuple[int, int], dict[str, str]]]:
+        """One stream's events, oldest first, each with its place (its entry id)."""
         while True:
-            page = self._page(start)
-            for _entry, fields in page:
-                record = {_text(k): _text(v) for k, v in fields.items()}
-                if request_id is None or record.get("request_id") == request_id:
-                    yield record
+            page = list(retrying(partial(self.client.xrange, stream, start, "+", count=_PAGE)))
+            for entry, fields in page:
+                ms, _, seq = _text(entry).partition("-")
+                yield (int(ms), int(seq or 0)), {_text(k): _text(v) for k, v in fields.items()}
             if len(page) < _PAGE:
                 return
             start = "(" + _text(page[-1][0])
-
-    def _page(self, start: str) -> list[Any]:
-        return list(retrying(lambda: self.client.xrange(AUDIT_KEY, start, "+", count=_PAGE)))
 
 
 class FileAuditLog:
@@ -153,6 +200,9 @@ class FileAuditLog:
             os.close(fd)
         if size > self.max_bytes:
             self.path.replace(self.path.with_suffix(".1.jsonl"))
+
+    def capped(self) -> bool:
+        return self.path.with_suffix(".1.jsonl").exists()
 
     def read(
         self, *, request_id: str | None = None, since: dt.datetime | None = None
@@ -188,6 +238,9 @@ class MemoryAuditLog:
         with self._lock:
             kept = list(self.events)
         return (r for r in kept if _wanted(r, request_id, since))
+
+    def capped(self) -> bool:
+        return False
 
 
 def _wanted(record: dict[str, str], request_id: str | None, since: dt.datetime | None) -> bool:

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from cleveragents.constants import AUDIT_KEY, READ_ONLY_AUDIT_KEY
 from cleveragents.settings import Settings
 from cleveragents.stores.approvals import ApprovalStore, FileApprovalStore, MemoryApprovalStore
-from cleveragents.stores.approvals_redis import RedisApprovalStore
-from cleveragents.stores.audit import AuditLog, FileAuditLog, MemoryAuditLog, RedisAuditLog
+from cleveragents.stores.approvals_redis import (
+    FLEETS,
+    READ_ONLY_FLEET,
+    WRITE_FLEET,
+    RedisApprovalStore,
+)
+from cleveragents.stores.audit import (
+    AuditLog,
+    FileAuditLog,
+    MemoryAuditLog,
+    RedisAuditLog,
+    SealedAuditLog,
+)
+from cleveragents.stores.audit_chain import AuditSealer
 from cleveragents.stores.base import BatchLedger, GuardStore, MetricStore, ResultStore
 from cleveragents.stores.files import (
     FileBatchLedger,
@@ -31,7 +45,7 @@ from cleveragents.stores.redis import (
     RedisResultStore,
 )
 
-__all__ = ["Stores", "open_stores"]
+__all__ = ["Stores", "audit_secret", "open_stores"]
 
 #: Broker URL schemes whose kombu transport marks a redelivered message (Redis, AMQP).
 #: Elsewhere (the embedded file transport) the guard counts every delivery instead.
@@ -82,8 +96,10 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
             results=RedisResultStore(client, backend.get_key_for_task, expires),
             ledger=RedisBatchLedger(client, expires),
             metrics=RedisMetricStore(client),
-            approvals=RedisApprovalStore(client, settings.result_expires_s),
-            audit=RedisAuditLog(client, settings.audit_maxlen),
+            approvals=RedisApprovalStore(
+                client, settings.result_expires_s, _fleets(settings, worker)
+            ),
+            audit=_sealed(settings, worker, RedisAuditLog(client, *_streams(settings, worker))),
         )
     home = settings.home.resolve()
     return Stores(
@@ -92,5 +108,49 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
         ledger=FileBatchLedger(home / "batches"),
         metrics=NullMetricStore(),
         approvals=FileApprovalStore(home / "approvals"),
-        audit=FileAuditLog(home / "audit.jsonl", settings.audit_maxlen),
+        audit=_sealed(settings, worker, FileAuditLog(home / "audit.jsonl", settings.audit_maxlen)),
     )
+
+
+def _fleets(settings: Settings, worker: bool) -> tuple[Any, ...]:
+    """The approval keys a process reads: a worker its own fleet's (a read-only worker's
+    user may not touch a write worker's), everyone else both."""
+    if not worker:
+        return FLEETS
+    return (READ_ONLY_FLEET,) if settings.read_only else (WRITE_FLEET,)
+
+
+def _streams(settings: Settings, worker: bool) -> tuple[int, tuple[str, ...]]:
+    """The audit streams a process uses: a worker appends to its fleet's own, everyone
+    else reads both."""
+    if not worker:
+        return settings.audit_maxlen, (AUDIT_KEY, READ_ONLY_AUDIT_KEY)
+    return settings.audit_maxlen, ((READ_ONLY_AUDIT_KEY,) if settings.read_only else (AUDIT_KEY,))
+
+
+def _sealed(settings: Settings, worker: bool, log: AuditLog) -> AuditLog:
+    """A worker's trail seals what it appends; a reader's reads as it is."""
+    return SealedAuditLog(log, AuditSealer(audit_secret(settings))) if worker else log
+
+
+def audit_secret(settings: Settings) -> str | None:
+    """The key the audit trail is sealed and checked with: ``CLEVERAGENTS_AUDIT_KEY``,
+    else on the embedded default one made once in the home (``audit.key``, 0600), else
+    none (the chain is kept without a key)."""
+    if settings.audit_key:
+        return settings.audit_key
+    if not settings.embedded:
+        return None
+    path = settings.home.resolve() / "audit.key"
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first
+        return path.read_text(encoding="utf-8").strip() or None
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(os.urandom(32).hex())
+    return path.read_text(encoding="utf-8").strip()

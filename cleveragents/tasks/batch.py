@@ -31,6 +31,7 @@ from cleveragents.messages import ChunkContext, chunk_repr, redacted_repr
 from cleveragents.pipeline import Sender, execute_chunk
 from cleveragents.tasks.events import ItemEvents
 from cleveragents.tasks.invoke import origin, redelivered
+from cleveragents.tasks.queue_gate import writes_as_queued
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, WAITS_HEADER
 from cleveragents.tasks.traced import message_carrier
 from cleveragents.traces.switch import tracing_on
@@ -54,7 +55,7 @@ def invoke_chunk(self: Task[Any, Any], /, requests: Any = None, **_: Any) -> dic
     the slice did (``{'batch': ID, 'items': '101-200 of 1000', 'invocations': 100,
     'ran': 100, 'skipped': 0, 'failed': 3, 'requeued': 0}``).
     """
-    bodies = requests if isinstance(requests, list) else []
+    bodies = writes_as_queued(self, requests if isinstance(requests, list) else [])
     context = ChunkContext.from_header(getattr(self.request, BATCH_HEADER, None), len(bodies))
     failures = ItemEvents(self, context)
     requeued: list[int] = []

@@ -24,6 +24,7 @@ from cleveragents.skills import SkillResult
 from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
 from cleveragents.tasks.events import tell_flower_later
+from cleveragents.tasks.queue_gate import writes_as_queued
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
 from cleveragents.tasks.traced import Recorder, message_carrier, traced_invoke, with_trace_id
 from cleveragents.traces.switch import tracing_on
@@ -80,7 +81,7 @@ def redelivered(task: Task[Any, Any]) -> bool:
 def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Run one skill invocation; a failed one is raised so Flower shows it as failed."""
     task_id = self.request.id or ""
-    body = _request_from_args(args, kwargs, task_id)
+    [body] = writes_as_queued(self, [_request_from_args(args, kwargs, task_id)])
     if not tracing_on():
         return _invoke(self, body, task_id)
     return traced_invoke(self, body, task_id, _invoke)

@@ -11,7 +11,11 @@ from kombu.utils.url import maybe_sanitize_url
 
 from cleveragents.approvals.gate import ApprovalGate
 from cleveragents.approvals.model import Resolution
-from cleveragents.constants import STATE_AWAITING_APPROVAL
+from cleveragents.constants import (
+    LIMIT_KEY_PREFIX,
+    READ_ONLY_LIMIT_KEY_PREFIX,
+    STATE_AWAITING_APPROVAL,
+)
 from cleveragents.metrics import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
 from cleveragents.pipeline.limits import FileLimitGate, LimitGate, RedisLimitGate
@@ -143,7 +147,8 @@ def _limit_gate(stores: Any, settings: Settings) -> LimitGate:
     """Where the fleet's limits are kept: beside the results on Redis, else in the home."""
     guard = stores.guard
     if isinstance(guard, RedisGuardStore):
-        return RedisLimitGate(guard.client, settings.recovery_s)
+        prefix = READ_ONLY_LIMIT_KEY_PREFIX if settings.read_only else LIMIT_KEY_PREFIX
+        return RedisLimitGate(guard.client, settings.recovery_s, prefix)
     return FileLimitGate(settings.home.resolve() / "limits")
 
 
@@ -185,10 +190,20 @@ def start_memory_watch(app: Any) -> bool:
 def start_approval_sweep(app: Any) -> None:
     """Send on parked invocations that expired, or whose decision was not sent (the
     worker's main process, once)."""
-    gate = pipeline(app.backend).approvals
-    if gate is not None:
-        read_only = current().settings.read_only
-        ApprovalSweep(app, gate.store, gate.ttl_s, read_only=read_only).start()
+    running = pipeline(app.backend)
+    gate = running.approvals
+    if gate is None:
+        return
+
+    def needs(skill: str, tool: str) -> bool:
+        found = running.catalogue.policies(skill, tool)
+        return found is not None and gate.needs(found.tool)
+
+    read_only = current().settings.read_only
+    sweep = ApprovalSweep(
+        app, gate.store, gate.ttl_s, read_only=read_only, needs=needs, audit=running.audit
+    )
+    sweep.start()
 
 
 def close_metrics(wait_s: float = CLOSE_WAIT_S) -> None:

@@ -21,9 +21,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from cleveragents.constants import DOOR_KEY_PREFIX, HELD_KEY
+from cleveragents.constants import (
+    DOOR_KEY_PREFIX,
+    HELD_KEY,
+    QUEUE_BATCH,
+    QUEUE_BATCH_WRITE,
+    QUEUE_READ,
+    QUEUE_WRITE,
+)
 
-__all__ = ["DOOR_CAP", "DOOR_TTL_MS", "FETCH_LUA", "WAIT_S", "door_key", "fetch_command"]
+__all__ = [
+    "DOOR_CAP",
+    "DOOR_TTL_MS",
+    "FETCH_LUA",
+    "SKILL_QUEUES",
+    "WAIT_S",
+    "door_key",
+    "fetch_command",
+    "skill_routing",
+]
+
+#: The queues whose messages are recorded and delivered under the queue they came from.
+SKILL_QUEUES = frozenset({QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE})
 
 #: The longest an idle consumer waits before it looks at its queues again.
 WAIT_S = 0.25
@@ -34,7 +53,11 @@ DOOR_TTL_MS = 60_000
 
 #: KEYS: unacked hash, unacked index, held hash, the holder's heartbeat key, then
 #: ARGV[4] doorbells, then the queues, first looked at first.
-#: ARGV: now (seconds), holder id, heartbeat time-to-live (ms), number of doorbells.
+#: ARGV: now (seconds), holder id, heartbeat time-to-live (ms), number of doorbells,
+#: then per queue the exchange and routing key to record for its messages ('': the
+#: message's own). A skill queue's messages are recorded under the queue they were
+#: taken from, whatever they say: a message pushed onto a read queue that names a
+#: write queue must not be given back to the write queue (``skill_routing``).
 #: Returns {queue key, message} or nil, having emptied the doorbells.
 FETCH_LUA = """
 local now, holder, ttl, doors = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -48,6 +71,10 @@ for i = 5 + doors, #KEYS do
     if type(tag) == 'string' and type(info) == 'table' then
       local exchange = info.exchange == nil and cjson.null or info.exchange
       local routing_key = info.routing_key == nil and cjson.null or info.routing_key
+      local taken_from = ARGV[i - doors]
+      if taken_from and taken_from ~= '' then
+        exchange, routing_key = taken_from, taken_from
+      end
       -- kombu's unacked record, [message, exchange, routing_key], with the message
       -- as it was sent (decoding and encoding it again could change it).
       redis.call('HSET', KEYS[1], tag,
@@ -82,8 +109,17 @@ def fetch_command(
     held: str = HELD_KEY,
     ttl_ms: int,
     now: float,
+    taken_from: list[str] | None = None,
 ) -> list[Any]:
-    """The ``EVALSHA`` of ``FETCH_LUA`` that takes the first message of ``queue_keys``."""
+    """The ``EVALSHA`` of ``FETCH_LUA`` that takes the first message of ``queue_keys``
+    (``taken_from``: per queue key, the queue its messages are recorded under, or '')."""
     doors = [door_key(queue) for queue in dict.fromkeys(queues)]
     keys = [*unacked, held, alive, *doors, *queue_keys]
-    return ["EVALSHA", sha, len(keys), *keys, repr(now), holder, ttl_ms, len(doors)]
+    stamps = taken_from if taken_from is not None else [""] * len(queue_keys)
+    return ["EVALSHA", sha, len(keys), *keys, repr(now), holder, ttl_ms, len(doors), *stamps]
+
+
+def skill_routing(queue: str) -> str:
+    """The routing key a message taken from ``queue`` is recorded and delivered under:
+    the skill queue itself ('' for any other queue: the message's own)."""
+    return queue if queue in SKILL_QUEUES else ""

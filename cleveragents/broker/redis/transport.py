@@ -48,6 +48,7 @@ from cleveragents.broker.redis.fetch import (
     WAIT_S,
     door_key,
     fetch_command,
+    skill_routing,
 )
 from cleveragents.broker.redis.liveness import (
     Heartbeat,
@@ -373,10 +374,12 @@ class Channel(kombu_redis.Channel):
                 client.script_load(FETCH_LUA)
                 self._script_loaded = True
             qos = cast(QoS, self.qos)
+            ordered = [(q, pri) for pri in self.priority_steps for q in queues]
             command = fetch_command(
                 self._fetch_sha,
-                queue_keys=[self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues],
+                queue_keys=[self._q_for_pri(q, pri) for q, pri in ordered],
                 queues=queues,
+                taken_from=[skill_routing(q) for q, _ in ordered],
                 unacked=(self.unacked_key, self.unacked_index_key),
                 holder=qos.holder,
                 alive=alive_key(qos.holder),
@@ -409,6 +412,7 @@ class Channel(kombu_redis.Channel):
             if tag is not None:
                 cast(QoS, self.qos).recorded.add(tag)
             queue = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            _deliver_as_taken(payload, queue)
             self._queue_cycle.rotate(queue)
             self.connection._deliver(payload, queue)
             return True
@@ -492,3 +496,17 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
     #: As the channel's (a producer asks the transport before its channel exists).
     supports_batch_publish = True
+
+
+def _deliver_as_taken(payload: Any, queue: str) -> None:
+    """Deliver a skill queue's message under the queue it was taken from: its own
+    ``delivery_info`` is the sender's word, and a write that names a write queue while
+    pushed onto a read queue must not pass for one (``tasks/queue_gate.py``)."""
+    routing = skill_routing(queue)
+    properties = payload.get("properties") if isinstance(payload, dict) else None
+    if not routing or not isinstance(properties, dict):
+        return
+    info = properties.get("delivery_info")
+    if not isinstance(info, dict):
+        info = properties["delivery_info"] = {}
+    info["exchange"] = info["routing_key"] = routing
