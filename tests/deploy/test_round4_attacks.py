@@ -1,0 +1,368 @@
+"""Hardening round 4 (issue 42): a worker acts only on what a role allowed to send it wrote.
+
+Each test is one attack of the red-team pass, with the documented Redis users
+(docs/deployment.md, "Redis users per role") on a private redis-server and real worker
+processes: a record planted for the approval sweep, a parked call rewritten between
+``show`` and ``approve``, a trimmed and forged audit trail, a forged limit slot, and a
+write pushed onto a read queue by a role that may not send one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery.result import denied_join_result
+
+from cleveragents.constants import (
+    APPROVAL_INDEX_KEY,
+    APPROVAL_KEY_PREFIX,
+    AUDIT_KEY,
+    BIND_KEY_PREFIX,
+    LIMIT_KEY_PREFIX,
+    STATE_AWAITING_APPROVAL,
+    TASK_INVOKE,
+)
+from cleveragents.pipeline.binding import content_digest
+from cleveragents.pipeline.limits import Permit, RedisLimitGate
+from cleveragents.skills.policies import Limits
+from tests.support.acl_roles import compose_worker, producer_client, role_app
+from tests.support.composefile import RedisWithUsers, _program, _subprocess_env
+from tests.support.procs import wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+SKILL, PAY, RECORD = "test/approvals", "test/send-payment", "test/record"
+#: The workers' audit key in these tests (a deployment's is its own secret).
+AUDIT_SECRET = "round4-audit-key-0123456789abcdef"
+
+
+@pytest.fixture
+def server() -> Iterator[RedisWithUsers]:
+    started = RedisWithUsers().start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _as(server: RedisWithUsers, user: str) -> redis.Redis:
+    return redis.Redis.from_url(server.url(user), socket_timeout=10)
+
+
+def _refused(client: redis.Redis, *command: str) -> bool:
+    try:
+        client.execute_command(*command)  # type: ignore[no-untyped-call]
+    except redis.exceptions.NoPermissionError:
+        return True
+    return False
+
+
+def _cli(
+    server: RedisWithUsers, user: str, home: Path, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The console script as ``user`` runs it, with ``env`` added."""
+    environment = {
+        **_subprocess_env("worker", home),
+        "CLEVERAGENTS_BROKER_URL": server.url(user),
+        **env,
+    }
+    return subprocess.run(
+        [*_program(["cleveragents"]), *args],
+        cwd=home, env=environment, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _lines(log: Path) -> list[str]:
+    if not log.exists():
+        return []
+    return [json.loads(line)["key"] for line in log.read_text(encoding="utf-8").splitlines()]
+
+
+# ---- 1: a record planted for the write fleet's approval sweep ---------------------------------
+
+
+def test_a_readonly_worker_may_not_touch_the_write_fleets_approvals_limits_or_trail(
+    server: RedisWithUsers,
+) -> None:
+    readonly = _as(server, "worker-readonly")
+    planted = f"{APPROVAL_KEY_PREFIX}planted"
+    for command in (
+        ("HSET", planted, "record", "{}", "expires_at", "1", "state", "waiting"),
+        ("HMGET", planted, "record"),
+        ("ZADD", APPROVAL_INDEX_KEY, "1", "planted"),
+        ("ZRANGE", APPROVAL_INDEX_KEY, "0", "-1"),
+        ("ZADD", f"{LIMIT_KEY_PREFIX}test/limits|test/one-at-a-time:running", "9e15", "forged"),
+        ("XADD", AUDIT_KEY, "MAXLEN", "1", "*", "event", "approved"),
+    ):
+        assert _refused(readonly, *command), command
+    assert {d["username"] for d in server.denials()} == {"worker-readonly"}
+    assert not server.admin().exists(planted, APPROVAL_INDEX_KEY, AUDIT_KEY)
+
+
+def _planted_body(request_id: str, log: Path) -> dict[str, Any]:
+    """A plain write (no approval needed) dressed as a parked call."""
+    return {"request_id": request_id, "skill": SKILL, "tool": RECORD,
+            "arguments": {"log": str(log), "key": "planted"}, "allow_writes": True}  # fmt: skip
+
+
+def _plant(client: redis.Redis, request_id: str, body: dict[str, Any]) -> None:
+    """HSET and ZADD a parked record past its expiry, as the red team did."""
+    record = {"request_id": request_id, "skill": body["skill"], "tool": body["tool"],
+              "digest": content_digest(body), "body": body, "asked_by": None, "trace": None}  # fmt: skip
+    client.hset(
+        f"{APPROVAL_KEY_PREFIX}{request_id}",
+        mapping={"record": json.dumps(record), "asked_at": "1", "expires_at": "1",
+                 "state": "waiting", "digest": record["digest"]},  # fmt: skip
+    )
+    client.zadd(APPROVAL_INDEX_KEY, {request_id: 1})
+
+
+def test_a_planted_parked_record_is_refused_by_the_sweep_and_never_runs(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    log = tmp_path / "planted.jsonl"
+    folder = tmp_path / "w"
+    rid = f"planted-{uuid.uuid4()}"
+    with compose_worker(
+        server, "worker", folder, CLEVERAGENTS_APPROVAL_TTL_S="2", CLEVERAGENTS_AUDIT_KEY=AUDIT_SECRET
+    ):
+        # Given a record planted by hand (with the write workers' own user: a read-only
+        # worker's may no longer write there) for a write that needs no approval
+        _plant(_as(server, "worker"), rid, _planted_body(rid, log))
+        # Then the sweep, which looks every half second, says so once and leaves a
+        # refused event instead of sending it on
+        approver = _as(server, "approver")
+
+        def refused() -> bool:
+            events = [
+                {k.decode(): v.decode() for k, v in fields.items()}
+                for _, fields in approver.xrange(AUDIT_KEY, "-", "+")
+            ]
+            return any(e["request_id"] == rid and e["event"] == "refused" for e in events)
+
+        wait_until(refused, 30, "the sweep's refused event")
+        text = (folder / "worker.log").read_text(encoding="utf-8", errors="replace")
+        assert f"parked invocation {rid}" in text
+        assert "not sent on" in text
+        assert "planted" not in text.replace(rid, "").replace("planted-", "")  # no argument
+    assert _lines(log) == []
+    assert server.admin().llen("skills.write") == 0
+
+
+# ---- 2: a parked call rewritten between show and approve ---------------------------------------
+
+
+def test_an_approval_names_the_digest_shown_and_a_rewritten_call_is_refused(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    admin = server.admin()
+    log = tmp_path / "payments.jsonl"
+    rid = f"pay-{uuid.uuid4()}"
+    with ExitStack() as stack:
+        stack.enter_context(compose_worker(server, "worker", tmp_path / "w"))
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        handle = producer.submit(
+            SKILL, PAY, {"log": str(log), "key": "payee-A 1200"}, allow_writes=True, request_id=rid
+        )
+        wait_until(lambda: producer.state(rid) == STATE_AWAITING_APPROVAL, 60, "it to park")
+        # Given a person who looked at it
+        shown = _cli(server, "approver", tmp_path, "approvals", "show", rid, "--json")
+        assert shown.returncode == 0, shown.stderr
+        seen = json.loads(shown.stdout)
+        assert seen["arguments"]["key"] == "payee-A 1200"
+        assert seen["digest"] == content_digest({"skill": SKILL, "tool": PAY,
+                                                 "arguments": seen["arguments"]})  # fmt: skip
+        # When the parked call, its digest and its binding are rewritten before the
+        # approval (as whoever held a worker's password could)
+        key = f"{APPROVAL_KEY_PREFIX}{rid}"
+        record = json.loads(admin.hget(key, "record"))
+        record["body"]["arguments"]["key"] = "payee-B 99999900"
+        forged = content_digest(record["body"])
+        record["digest"] = forged
+        admin.hset(key, mapping={"record": json.dumps(record), "digest": forged})
+        admin.set(f"{BIND_KEY_PREFIX}{rid}", forged)
+        # Then approving what was shown is refused, exit 1, and nothing is decided
+        approve = _cli(
+            server, "approver", tmp_path, "approvals", "approve", rid, "--digest", seen["digest"][:12]
+        )
+        assert approve.returncode == 1, approve.stdout + approve.stderr
+        assert "no longer the call that was shown" in approve.stderr
+        assert not admin.exists(f"{DECISION_KEY}{rid}")
+        # And a wrong or short digest is a clear one-line refusal too
+        short = _cli(server, "approver", tmp_path, "approvals", "approve", rid, "--digest", "abc")
+        assert short.returncode == 1
+        assert "at least its first 12 hex digits" in short.stderr
+        # And nothing ran
+        assert not handle.ready()
+    assert _lines(log) == []
+
+
+def test_a_worker_runs_only_a_delivery_whose_digest_is_the_decisions(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    admin = server.admin()
+    log = tmp_path / "payments.jsonl"
+    rid = f"pay-{uuid.uuid4()}"
+    with ExitStack() as stack:
+        stack.enter_context(compose_worker(server, "worker", tmp_path / "w"))
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        handle = producer.submit(
+            SKILL, PAY, {"log": str(log), "key": "payee-A 1200"}, allow_writes=True, request_id=rid
+        )
+        wait_until(lambda: producer.state(rid) == STATE_AWAITING_APPROVAL, 60, "it to park")
+        # Given the approver approves what they saw (the digest the desk reads)
+        approved = _cli(server, "approver", tmp_path, "approvals", "approve", rid, "--by", "alice")
+        assert approved.returncode == 0, approved.stderr
+        assert "payee-A 1200" in approved.stdout  # the arguments it approved are printed
+        result = handle.result(timeout=60)
+        assert result.success, result.error
+        # When a delivery of other content arrives under the same id afterwards (a
+        # rewritten body sent on, with its binding rewritten to match)
+        body = {"request_id": rid, "skill": SKILL, "tool": PAY,
+                "arguments": {"log": str(log), "key": "payee-B 99999900"}, "allow_writes": True}  # fmt: skip
+        admin.set(f"{BIND_KEY_PREFIX}{rid}", content_digest(body))
+        admin.delete(f"celery-task-meta-{rid}")
+        app = role_app(server, "worker")
+        with denied_join_result():
+            app.send_task(TASK_INVOKE, args=[body], task_id=rid, queue="skills.write")
+        # Then it does not run: the decision is about the other digest; the call is parked
+        wait_until(lambda: producer.state(rid) == STATE_AWAITING_APPROVAL, 60, "it to park again")
+        app.close()
+    assert _lines(log) == ["payee-A 1200"]
+
+
+# ---- 3: a trimmed and forged audit trail ------------------------------------------------------
+
+
+def test_audit_verify_passes_a_whole_trail_and_names_a_trim_and_a_forged_event(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    log = tmp_path / "records.jsonl"
+    key = {"CLEVERAGENTS_AUDIT_KEY": AUDIT_SECRET}
+    with ExitStack() as stack:
+        stack.enter_context(compose_worker(server, "worker", tmp_path / "w", **key))
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        # Given a few writes, each with its events in the trail
+        for n in range(4):
+            handle = producer.submit(
+                SKILL, RECORD, {"log": str(log), "key": f"k{n}"}, allow_writes=True
+            )
+            assert handle.result(timeout=60).success
+    assert len(_lines(log)) == 4
+    # Then the trail verifies, with the workers' key
+    whole = _cli(server, "approver", tmp_path, "audit", "--verify", **key)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "audit trail whole" in whole.stderr
+    # And with another key, every event is said to be forged
+    other = _cli(server, "approver", tmp_path, "audit", "--verify",
+                 CLEVERAGENTS_AUDIT_KEY="not-the-workers-key")  # fmt: skip
+    assert other.returncode == 1
+    assert "seal that does not verify" in other.stdout
+    # When a holder of a worker's password adds an approval and trims the stream to it
+    worker = _as(server, "worker")
+    forged = {"request_id": "never-sent", "event": "approved", "skill": SKILL, "tool": PAY,
+              "at": "2026-01-01T00:00:00.000Z", "by": "alice", "digest": "0" * 64}  # fmt: skip
+    worker.xadd(AUDIT_KEY, forged, maxlen=1, approximate=False)  # type: ignore[arg-type]
+    assert server.admin().xlen(AUDIT_KEY) == 1
+    # Then verify fails, naming the forged event
+    tampered = _cli(server, "approver", tmp_path, "audit", "--verify", **key)
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+    assert "forged: approved of never-sent" in tampered.stdout
+    assert "NOT whole" in tampered.stderr
+
+
+def test_audit_verify_names_a_trim_beyond_the_cap_and_a_gap(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    log = tmp_path / "records.jsonl"
+    key = {"CLEVERAGENTS_AUDIT_KEY": AUDIT_SECRET}
+    admin = server.admin()
+    with ExitStack() as stack:
+        # One pool process: every event comes from one writer's chain
+        stack.enter_context(
+            compose_worker(server, "worker", tmp_path / "w", CLEVERAGENTS_CONCURRENCY="1", **key)
+        )
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        for n in range(5):
+            handle = producer.submit(
+                SKILL, RECORD, {"log": str(log), "key": f"k{n}"}, allow_writes=True
+            )
+            assert handle.result(timeout=60).success
+    entries = admin.xrange(AUDIT_KEY, "-", "+")
+    assert len(entries) >= 10
+    # When the middle of the trail and then its start are cut (XDEL stands in for what
+    # a trim with a chosen MAXLEN does to the oldest events)
+    admin.xdel(AUDIT_KEY, entries[5][0])
+    gap = _cli(server, "approver", tmp_path, "audit", "--verify", **key)
+    assert gap.returncode == 1
+    assert "gap:" in gap.stdout
+    admin.xdel(AUDIT_KEY, *[entry_id for entry_id, _ in entries[:3]])
+    trimmed = _cli(server, "approver", tmp_path, "audit", "--verify", **key)
+    assert trimmed.returncode == 1
+    assert "trimmed:" in trimmed.stdout
+    assert "below its cap" in trimmed.stdout
+
+
+# ---- 5: a forged limit slot --------------------------------------------------------------------
+
+
+def test_a_forged_far_future_slot_does_not_hold_a_limit(server: RedisWithUsers) -> None:
+    running = f"{LIMIT_KEY_PREFIX}test/limits|test/one-at-a-time:running"
+    # Given a token planted with a lease that ends in a thousand years (by a holder of the
+    # write workers' password: a read-only worker's may not write there at all)
+    attacker = _as(server, "worker")
+    attacker.zadd(running, {"forged": time.time() * 1000 + 3.15e13})
+    attacker.pexpire(running, 10**12)
+    # When a worker asks for the one slot
+    gate = RedisLimitGate(_as(server, "worker"), recovery_s=10)
+    taken = gate.take("test/limits|test/one-at-a-time", Limits(concurrency=1))
+    # Then it gets it at once: the forged token is swept
+    assert isinstance(taken, Permit), f"waits {taken} s"
+    assert server.admin().zscore(running, "forged") is None
+    taken.release()
+
+
+# ---- a write pushed onto a read queue ----------------------------------------------------------
+
+
+def test_a_write_pushed_onto_the_read_queue_by_a_readonly_worker_runs_without_writes(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    log = tmp_path / "records.jsonl"
+    rid = f"smuggled-{uuid.uuid4()}"
+    body = {"request_id": rid, "skill": SKILL, "tool": RECORD,
+            "arguments": {"log": str(log), "key": "smuggled"}, "allow_writes": True}  # fmt: skip
+    with ExitStack() as stack:
+        stack.enter_context(compose_worker(server, "worker", tmp_path / "w"))
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        # Given a read-only worker's user, which may push onto skills.read (not skills.write),
+        # sending a write there, with its message saying it is for skills.write
+        app = role_app(server, "worker-readonly")
+        with denied_join_result():
+            app.send_task(
+                TASK_INVOKE, args=[body], task_id=rid, queue="skills.read",
+                routing_key="skills.read", exchange="skills.read",
+            )  # fmt: skip
+        app.close()
+        # Then the write worker that takes it runs it without writes: refused
+        result = producer.get_result(rid, timeout=60) if hasattr(producer, "get_result") else None
+        if result is None:
+            wait_until(lambda: producer.get(rid) is not None, 60, "its result")
+            result = producer.get(rid)
+    assert result is not None
+    assert not result.success
+    assert result.error is not None
+    assert result.error.error_type == "permission_denied", result.error
+    assert _lines(log) == []
+
+
+DECISION_KEY = "cleveragents:decision:"
