@@ -42,6 +42,7 @@ from cleveragents.constants import (
 )
 from cleveragents.embedded.folders import EmbeddedFolders, create_folders
 from cleveragents.embedded.inflight import live_consumers
+from cleveragents.errors import RemoteControlUnavailable
 from cleveragents.messages import (
     ChunkContext,
     chunk_repr,
@@ -492,8 +493,16 @@ class SkillClient:
         """The running workers that consume ``queue`` (``inspect active_queues``).
 
         None when no worker answered within a second (none runs, or none can be asked).
+
+        Raises:
+            RemoteControlUnavailable: the broadcast failed or the broker refused it (the
+                documented ``producer`` Redis user may not use remote control): who serves
+                ``queue`` cannot be told, which is not "nobody".
         """
-        replies = self.app.control.inspect(timeout=1.0).active_queues() or {}
+        try:
+            replies = self.app.control.inspect(timeout=1.0).active_queues() or {}
+        except Exception as exc:  # Redis' NoPermissionError, a lost connection, AMQP's refusal
+            raise RemoteControlUnavailable(f"{type(exc).__name__}: {exc}") from exc
         if not replies:
             return None
         return sorted(
