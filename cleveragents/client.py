@@ -196,7 +196,7 @@ class SkillClient:
             register_signing(base.signing)
         create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
-        self.app.conf.update(celery_settings(base))
+        self.app.conf.update(celery_settings(base, producer=True))
         transport = consumer_transport(base)
         if transport is not None:  # it rings the queue's doorbell as it publishes
             self.app.conf.broker_transport = transport

@@ -44,9 +44,12 @@ REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
 REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
 
 
-def celery_settings(settings: Settings) -> dict[str, Any]:
-    """The Celery settings for ``settings``, as a dict of lower-case Celery names."""
-    transport = _embedded(settings) if settings.embedded else _server(settings)
+def celery_settings(settings: Settings, *, producer: bool = False) -> dict[str, Any]:
+    """The Celery settings for ``settings``, as a dict of lower-case Celery names.
+
+    ``producer``: for a ``SkillClient``'s app, which only publishes and reads results.
+    """
+    transport = _embedded(settings) if settings.embedded else _server(settings, producer)
     return {**_common(settings), **transport}
 
 
@@ -95,12 +98,12 @@ def _known_schemes(settings: Settings) -> None:
             )
 
 
-def _server(settings: Settings) -> dict[str, Any]:
+def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     _known_schemes(settings)
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),
-        **(_amqp(settings) if uses_amqp(settings) else _redis(settings)),
+        **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
         "worker_send_task_events": True,
@@ -130,8 +133,8 @@ def _amqp(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _redis(settings: Settings) -> dict[str, Any]:
-    options = {"broker_transport_options": _redis_transport_options(settings)}
+def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
+    options = {"broker_transport_options": _redis_transport_options(settings, producer)}
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
     if scheme not in REDIS_TRANSPORT_SCHEMES:
@@ -175,7 +178,7 @@ def _rediss_default(url: str) -> dict[str, Any]:
     return {"broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_NONE}}
 
 
-def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+def _redis_transport_options(settings: Settings, producer: bool = False) -> dict[str, Any]:
     # kombu's visibility sweep ran every 1 to 10 s; the reaper of dead holders runs
     # from the same timer, every reap_s, and the sweep keeps its own pace.
     sweep_s = max(1, min(10, int(settings.visibility_timeout_s / 5)))
@@ -198,7 +201,12 @@ def _redis_transport_options(settings: Settings) -> dict[str, Any]:
         "socket_keepalive": True,
         "socket_timeout": 30,
         "socket_connect_timeout": 10,
-        "retry_on_timeout": True,
+        # A worker's commands are sent again once when Redis does not answer in time.
+        # A producer's are not: kombu batches a publish into one pipeline only on a
+        # connection that never sends one again (a pipeline sent twice publishes every
+        # message in it twice), and a publish that fails is Celery's to retry
+        # (task_publish_retry) or, out of a failed batch, SkillClient._send_task's.
+        "retry_on_timeout": not producer,
         # Fetch from the queues in the order the worker consumes them (reads,
         # writes, then batches) instead of round robin: when a process frees
         # up, a waiting interactive invocation goes before the next batch slice.
