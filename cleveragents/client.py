@@ -26,7 +26,12 @@ from cleveragents.approvals.model import Decision, Parked
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
 from cleveragents.broker import internals
-from cleveragents.broker.celery_settings import broker_of, celery_settings, consumer_transport
+from cleveragents.broker.celery_settings import (
+    broker_of,
+    celery_settings,
+    consumer_transport,
+    fallback_facts,
+)
 from cleveragents.broker.queue_search import is_waiting
 from cleveragents.broker.signing import register_signing
 from cleveragents.constants import (
@@ -191,7 +196,7 @@ class SkillClient:
         self.trace_context: dict[str, str] = {}
         # Private Celery and kombu code only on the series it was written for: kombu's
         # own transport outside it, or no client at all (broker/internals.py).
-        _warn_once(internals.check("producer", broker_of(base)).warnings)
+        _warn_once(internals.check("producer", broker_of(base), fallback_facts(base)).warnings)
         if base.signing is not None:  # before anything is created: a bad key is one error
             register_signing(base.signing)
         create_folders(base)  # the embedded broker's and the file result store's, if used
