@@ -26,7 +26,12 @@ from cleveragents.approvals.model import Decision, Parked
 from cleveragents.batch.api import as_items, results_in_order
 from cleveragents.batch.api import run_many as run_batch
 from cleveragents.broker import internals
-from cleveragents.broker.celery_settings import broker_of, celery_settings, consumer_transport
+from cleveragents.broker.celery_settings import (
+    broker_of,
+    celery_settings,
+    consumer_transport,
+    fallback_facts,
+)
 from cleveragents.broker.queue_search import is_waiting
 from cleveragents.broker.signing import register_signing
 from cleveragents.constants import (
@@ -42,6 +47,7 @@ from cleveragents.constants import (
 )
 from cleveragents.embedded.folders import EmbeddedFolders, create_folders
 from cleveragents.embedded.inflight import live_consumers
+from cleveragents.errors import RemoteControlUnavailable
 from cleveragents.messages import (
     ChunkContext,
     chunk_repr,
@@ -190,12 +196,12 @@ class SkillClient:
         self.trace_context: dict[str, str] = {}
         # Private Celery and kombu code only on the series it was written for: kombu's
         # own transport outside it, or no client at all (broker/internals.py).
-        _warn_once(internals.check("producer", broker_of(base)).warnings)
+        _warn_once(internals.check("producer", broker_of(base), fallback_facts(base)).warnings)
         if base.signing is not None:  # before anything is created: a bad key is one error
             register_signing(base.signing)
         create_folders(base)  # the embedded broker's and the file result store's, if used
         self.app = Celery("cleveragents-client", set_as_current=False)
-        self.app.conf.update(celery_settings(base))
+        self.app.conf.update(celery_settings(base, producer=True))
         transport = consumer_transport(base)
         if transport is not None:  # it rings the queue's doorbell as it publishes
             self.app.conf.broker_transport = transport
@@ -501,8 +507,16 @@ class SkillClient:
         """The running workers that consume ``queue`` (``inspect active_queues``).
 
         None when no worker answered within a second (none runs, or none can be asked).
+
+        Raises:
+            RemoteControlUnavailable: the broadcast failed or the broker refused it (the
+                documented ``producer`` Redis user may not use remote control): who serves
+                ``queue`` cannot be told, which is not "nobody".
         """
-        replies = self.app.control.inspect(timeout=1.0).active_queues() or {}
+        try:
+            replies = self.app.control.inspect(timeout=1.0).active_queues() or {}
+        except Exception as exc:  # Redis' NoPermissionError, a lost connection, AMQP's refusal
+            raise RemoteControlUnavailable(f"{type(exc).__name__}: {exc}") from exc
         if not replies:
             return None
         return sorted(

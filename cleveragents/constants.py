@@ -103,6 +103,10 @@ STDOUT_HEAD_CHARS = 100
 #: Seconds a task may run past its invocation's timeout before Celery's hard time
 #: limit ends its pool process (the backstop for a tool that cannot be stopped).
 HARD_LIMIT_GRACE_S = 5.0
+#: Longest one wait for a limit (``cleveragents/tasks/resend.py``): the message comes back
+#: and asks again (a broker such as RabbitMQ ends a consumer that holds a message past
+#: its timeout, 30 min by default).
+MAX_LIMIT_WAIT_S = 60.0
 #: Message header with the time (epoch seconds) a producer sent an invocation.
 SENT_AT_HEADER = "cleveragents_sent_at"
 #: Message header of a batch chunk: its batch id and item numbers (``wire.ChunkContext``).

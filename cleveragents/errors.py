@@ -15,7 +15,8 @@ stands for, so that ``map_tool_error`` never has to guess from message text::
     │   ├── ToolTimedOut                   ... that outlived its timeout (reason "timeout")
     │   └── ToolOutputTooLarge             ... with too much output (reason "output_too_large")
     ├── WriteRefused (PermissionError)     permission_denied
-    └── ConfigurationError                 bad settings or usage (never crosses the wire)
+    ├── ConfigurationError                 bad settings or usage (never crosses the wire)
+    └── RemoteControlUnavailable           a producer could not ask the workers (never crosses)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "IncludeCycleError",
     "ReadOnlyViolation",
+    "RemoteControlUnavailable",
     "ResolutionFailure",
     "SchemaValidationError",
     "SkillErrorType",
@@ -159,3 +161,8 @@ class WriteRefused(CleverAgentsError, PermissionError, error_type=SkillErrorType
 
 class ConfigurationError(CleverAgentsError):
     """Raised when settings or command-line usage are invalid."""
+
+
+class RemoteControlUnavailable(CleverAgentsError):
+    """Raised when a remote-control broadcast fails or the broker refuses it (a Redis user
+    without remote control, such as the documented ``producer``): nobody could be asked."""

@@ -20,18 +20,31 @@ from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
-from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
+from cleveragents.constants import (
+    HARD_LIMIT_GRACE_S,
+    MAX_LIMIT_WAIT_S,
+    QUEUE_BATCH,
+    QUEUE_BATCH_WRITE,
+    QUEUE_READ,
+    QUEUE_WRITE,
+)
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
 from cleveragents.errors import ConfigurationError
+from cleveragents.pipeline.guard import CLAIM_GRACE_S
 from cleveragents.settings import BACKEND_FORMS, BROKER_FORMS, MessageSigning, Settings, shown_url
+from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
 
 __all__ = [
     "EMBEDDED_SCHEME",
     "EMBEDDED_TRANSPORT",
     "REDIS_TRANSPORT",
+    "STOCK_VISIBILITY_MARGIN_S",
     "broker_of",
     "celery_settings",
     "consumer_transport",
+    "fallback_facts",
+    "longest_hold_s",
+    "visibility_timeout_s",
 ]
 
 #: URL scheme of the embedded on-disk broker.
@@ -42,11 +55,17 @@ EMBEDDED_TRANSPORT = "cleveragents.broker.embedded.transport:Transport"
 REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
 #: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.
 REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
+#: Under kombu's own Redis transport, how far past a live worker's longest hold of a
+#: message the visibility timeout is set (and what covers a chunk's pacing, under 1 s).
+STOCK_VISIBILITY_MARGIN_S = 300.0
 
 
-def celery_settings(settings: Settings) -> dict[str, Any]:
-    """The Celery settings for ``settings``, as a dict of lower-case Celery names."""
-    transport = _embedded(settings) if settings.embedded else _server(settings)
+def celery_settings(settings: Settings, *, producer: bool = False) -> dict[str, Any]:
+    """The Celery settings for ``settings``, as a dict of lower-case Celery names.
+
+    ``producer``: for a ``SkillClient``'s app, which only publishes and reads results.
+    """
+    transport = _embedded(settings) if settings.embedded else _server(settings, producer)
     return {**_common(settings), **transport}
 
 
@@ -95,12 +114,12 @@ def _known_schemes(settings: Settings) -> None:
             )
 
 
-def _server(settings: Settings) -> dict[str, Any]:
+def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     _known_schemes(settings)
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),
-        **(_amqp(settings) if uses_amqp(settings) else _redis(settings)),
+        **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
         "worker_send_task_events": True,
@@ -130,8 +149,8 @@ def _amqp(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _redis(settings: Settings) -> dict[str, Any]:
-    options = {"broker_transport_options": _redis_transport_options(settings)}
+def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
+    options = {"broker_transport_options": _redis_transport_options(settings, producer)}
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
     if scheme not in REDIS_TRANSPORT_SCHEMES:
@@ -155,6 +174,47 @@ def consumer_transport(settings: Settings) -> str | None:
     return REDIS_TRANSPORT
 
 
+def longest_hold_s(settings: Settings) -> float:
+    """The longest a live worker holds a message before it acknowledges it.
+
+    A message sent back with a delay (a retry, a wait for a limit) is held until its
+    ETA; then its task runs at most to its hard time limit (``worker/time_limits.py``):
+    the largest timeout, a write's wait for an earlier delivery's claim, the grace.
+    """
+    waits_s = max(LONGEST_RETRY_DELAY_S, MAX_LIMIT_WAIT_S)
+    return waits_s + settings.max_timeout_s + CLAIM_GRACE_S + HARD_LIMIT_GRACE_S
+
+
+def visibility_timeout_s(settings: Settings) -> float:
+    """The visibility timeout in force on a Redis broker, in seconds.
+
+    Our transport never hands out a live worker's message again: the timeout only
+    bounds messages nobody holds, and ``CLEVERAGENTS_VISIBILITY_TIMEOUT_S`` is used as
+    given. kombu's own (the fallback outside kombu 5.7, ``broker/internals.py``, and a
+    ``sentinel://`` broker's) hands out again every message held that long, a live
+    worker's too: there it is at least ``longest_hold_s`` plus ``STOCK_VISIBILITY_MARGIN_S``.
+    """
+    if consumer_transport(settings) is not None:
+        return settings.visibility_timeout_s
+    return max(settings.visibility_timeout_s, longest_hold_s(settings) + STOCK_VISIBILITY_MARGIN_S)
+
+
+def fallback_facts(settings: Settings) -> dict[str, str]:
+    """The values in force under the fallbacks, as their warnings name them
+    (``internals.check``)."""
+    in_force, given = visibility_timeout_s(settings), settings.visibility_timeout_s
+    if in_force > given:
+        why = (
+            f", raised from CLEVERAGENTS_VISIBILITY_TIMEOUT_S={given:g} to the longest a live "
+            "worker may hold a message (the longest retry delay, then "
+            f"CLEVERAGENTS_MAX_TIMEOUT_S={settings.max_timeout_s:g} with its graces) plus "
+            f"{STOCK_VISIBILITY_MARGIN_S:g} s"
+        )
+    else:
+        why = " as CLEVERAGENTS_VISIBILITY_TIMEOUT_S sets it, longer than a live worker holds one"
+    return {"visibility_timeout": f"the visibility timeout in force is {in_force:.0f} s{why}"}
+
+
 def broker_of(settings: Settings) -> Literal["redis", "embedded", "other"]:
     """Which broker the settings name: the embedded default, a Redis, or another."""
     if settings.embedded:
@@ -175,10 +235,11 @@ def _rediss_default(url: str) -> dict[str, Any]:
     return {"broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_NONE}}
 
 
-def _redis_transport_options(settings: Settings) -> dict[str, Any]:
+def _redis_transport_options(settings: Settings, producer: bool = False) -> dict[str, Any]:
     # kombu's visibility sweep ran every 1 to 10 s; the reaper of dead holders runs
     # from the same timer, every reap_s, and the sweep keeps its own pace.
-    sweep_s = max(1, min(10, int(settings.visibility_timeout_s / 5)))
+    visibility_s = visibility_timeout_s(settings)
+    sweep_s = max(1, min(10, int(visibility_s / 5)))
     reap_s = RecoveryTiming.of(settings.recovery_s).reap_s
     tick_s = min(sweep_s, reap_s)
     return {
@@ -191,14 +252,20 @@ def _redis_transport_options(settings: Settings) -> dict[str, Any]:
         **RecoveryKeys.of(settings.read_only).kombu_options(),
         # The last resort, for a message no live worker holds: handed to another
         # worker once unacknowledged for this long. A live worker's message is never
-        # swept, however long its tool runs.
-        "visibility_timeout": settings.visibility_timeout_s,
+        # swept, however long its tool runs; under kombu's own transport (the fallback)
+        # it would be, so the timeout there outlasts the longest hold.
+        "visibility_timeout": visibility_s,
         # Find dead connections to Redis before a command hangs on them.
         "health_check_interval": 10,
         "socket_keepalive": True,
         "socket_timeout": 30,
         "socket_connect_timeout": 10,
-        "retry_on_timeout": True,
+        # A worker's commands are sent again once when Redis does not answer in time.
+        # A producer's are not: kombu batches a publish into one pipeline only on a
+        # connection that never sends one again (a pipeline sent twice publishes every
+        # message in it twice), and a publish that fails is Celery's to retry
+        # (task_publish_retry) or, out of a failed batch, SkillClient._send_task's.
+        "retry_on_timeout": not producer,
         # Fetch from the queues in the order the worker consumes them (reads,
         # writes, then batches) instead of round robin: when a process frees
         # up, a waiting interactive invocation goes before the next batch slice.

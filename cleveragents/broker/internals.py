@@ -6,8 +6,9 @@ day it can go is visible). Members are grouped into ``PARTS``, each written and
 tested for one release series of its distribution, with what happens outside it:
 
 * ``fallback``: the project's part steps aside and the library's own behaviour
-  runs, said in one warning line (kombu's stock Redis transport: a dead worker's
-  messages come back after the visibility timeout, not within seconds);
+  runs, said in one warning line (kombu's stock Redis transport: the visibility
+  timeout is raised past the longest a live worker holds a message, and a dead
+  worker's messages come back only after it, not within seconds);
 * ``refuse``: no safe fallback exists (the result backend that never stores over
   a success, remote control's guard): a worker does not start, a producer is
   not built, in one line that names the fix.
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,6 +46,9 @@ __all__ = [
 
 log = logging.getLogger("cleveragents.internals")
 
+#: The ``{name}`` fields of a consequence.
+_FIELDS = re.compile(r"\{(\w+)\}")
+
 KOMBU_SRC = "https://github.com/celery/kombu/blob/v5.7.0/kombu"
 CELERY_SRC = "https://github.com/celery/celery/blob/v5.7.0/celery"
 
@@ -61,7 +67,8 @@ class Part:
     series: str
     #: Outside that series: step aside for the library's own code, or refuse.
     outside: Literal["fallback", "refuse"]
-    #: What runs instead and what is lost (fallback), or what would break (refuse).
+    #: What runs instead and what is lost (fallback), or what would break (refuse);
+    #: ``{name}`` is a value in force, given to ``check`` (``celery_settings.fallback_facts``).
     consequence: str
     #: Who checks it: a worker, a producer (``SkillClient``), or both.
     checked_by: frozenset[str] = frozenset({"worker"})
@@ -104,8 +111,9 @@ PARTS: dict[str, Part] = {
             "kombu",
             "5.7",
             "fallback",
-            "kombu's own Redis transport runs instead: a dead worker's messages come back "
-            "after the visibility timeout (an hour by default), not within "
+            "kombu's own Redis transport runs instead: it hands out again every message "
+            "held past the visibility timeout, a live worker's too, so {visibility_timeout}; "
+            "a dead worker's messages come back only after that timeout, not within "
             "CLEVERAGENTS_RECOVERY_S, and a message cut in flight can be lost",
             frozenset({"worker", "producer"}),
             "redis",
@@ -416,12 +424,15 @@ def _line(part: Part) -> str:
 
 
 def check(
-    role: Literal["worker", "producer"], broker: Literal["redis", "embedded", "other"]
+    role: Literal["worker", "producer"],
+    broker: Literal["redis", "embedded", "other"],
+    facts: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Compare the installed versions with the table, for a worker or a producer.
 
     Only the parts that serve ``broker`` count (a Redis broker's transport means
-    nothing to a RabbitMQ deployment).
+    nothing to a RabbitMQ deployment). ``facts`` are the values in force that a
+    consequence names (``celery_settings.fallback_facts``).
 
     Raises:
         InternalsRefused: a part without a safe fallback does not fit.
@@ -437,8 +448,16 @@ def check(
             why = f"{_line(part)}: without it {part.consequence}"
             raise InternalsRefused(f"{why}. {fix(part.name)}")
         fallbacks.add(part.name)
-        warnings.append(f"{_line(part)}: {part.consequence}")
+        warnings.append(f"{_line(part)}: {_worded(part.consequence, facts or {})}")
     return Verdict(frozenset(fallbacks), tuple(warnings))
+
+
+def _worded(consequence: str, facts: Mapping[str, str]) -> str:
+    """``consequence`` with the values in force; one not given is named as unknown."""
+    return consequence.format_map(
+        {name: facts.get(name, f"the {name.replace('_', ' ')} configured applies")
+         for name in _FIELDS.findall(consequence)}
+    )  # fmt: skip
 
 
 def fix(part: str) -> str:

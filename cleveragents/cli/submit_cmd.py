@@ -22,7 +22,11 @@ from cleveragents.constants import (
     STATE_AWAITING_APPROVAL,
 )
 from cleveragents.embedded.runner import LocalWorker
-from cleveragents.errors import ConfigurationError, SchemaValidationError
+from cleveragents.errors import (
+    ConfigurationError,
+    RemoteControlUnavailable,
+    SchemaValidationError,
+)
 from cleveragents.messages import result_payload
 from cleveragents.pipeline.binding import RequestIdReused
 from cleveragents.runtime.confined import tool_user_for
@@ -155,8 +159,15 @@ def _wait(
 
 
 def _warn_if_unserved(client: SkillClient, queue: str) -> None:
-    """Say on stderr when no running worker consumes ``queue`` (then keep waiting)."""
-    consumers = client.consumers_of(queue)
+    """Say on stderr when no running worker consumes ``queue`` (then keep waiting).
+
+    Says nothing when the workers cannot be asked (a Redis user without remote control,
+    as the documented ``producer``): that is "cannot tell", not "nobody".
+    """
+    try:
+        consumers = client.consumers_of(queue)
+    except RemoteControlUnavailable:
+        return
     if consumers is None:
         why = "no worker answered `celery inspect`: is one running on this broker?"
     elif consumers:

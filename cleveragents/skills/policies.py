@@ -18,13 +18,17 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["Limits", "RetryPolicy"]
+__all__ = ["LONGEST_RETRY_DELAY_S", "MOST_BACKOFF_S", "Limits", "RetryPolicy"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
 _WINDOW_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 #: A retry's delay is its nominal one times a factor drawn in this range.
 JITTER = (0.9, 1.1)
+#: The largest ``max_backoff_s`` a skill file may give.
+MOST_BACKOFF_S = 3600.0
+#: The longest any retry of any tool may wait (a worker holds its message meanwhile).
+LONGEST_RETRY_DELAY_S = MOST_BACKOFF_S * JITTER[1]
 
 
 class RetryPolicy(BaseModel):
@@ -33,8 +37,8 @@ class RetryPolicy(BaseModel):
     model_config = _FROZEN
 
     attempts: int = Field(default=1, ge=1, le=100)
-    backoff_s: float = Field(default=1.0, ge=0, le=3600)
-    max_backoff_s: float = Field(default=60.0, gt=0, le=3600)
+    backoff_s: float = Field(default=1.0, ge=0, le=MOST_BACKOFF_S)
+    max_backoff_s: float = Field(default=60.0, gt=0, le=MOST_BACKOFF_S)
 
     def delay_s(self, retry: int) -> float:
         """The wait before the ``retry``-th retry (1: the second attempt), jittered."""

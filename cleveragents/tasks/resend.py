@@ -21,6 +21,7 @@ from typing import Any
 
 from celery import Task
 
+from cleveragents.constants import MAX_LIMIT_WAIT_S
 from cleveragents.messages import redacted_repr
 from cleveragents.skills.model import ToolSpec
 from cleveragents.tasks.events import EVENTS_FIELD
@@ -39,9 +40,6 @@ log = logging.getLogger("cleveragents.worker")
 
 #: Header counting how many times a message was sent back to wait for a limit.
 WAITS_HEADER = "cleveragents_waits"
-#: Longest one wait for a limit: the message comes back and asks again (a broker such
-#: as RabbitMQ ends a consumer that holds a message past its timeout, 30 min by default).
-MAX_LIMIT_WAIT_S = 60.0
 #: How long after sending a message back Flower is told that it waits: after the
 #: worker's buffered events of the delivery (``worker/consumer.py``, 50 ms).
 EVENT_AFTER_S = 0.25

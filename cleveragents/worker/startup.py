@@ -26,7 +26,7 @@ from celery.signals import (
 )
 
 from cleveragents.broker import internals, patches
-from cleveragents.broker.celery_settings import broker_of, consumer_transport
+from cleveragents.broker.celery_settings import broker_of, consumer_transport, fallback_facts
 from cleveragents.broker.redis.result_backend import worker_result_backend
 from cleveragents.embedded.folders import create_folders
 from cleveragents.errors import ConfigurationError
@@ -54,7 +54,7 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         settings = Settings.from_env()
         # First the versions: private Celery and kombu code runs only on the series it
         # was written for; outside it, the library's own, or no start (broker/internals.py).
-        verdict = internals.check("worker", broker_of(settings))
+        verdict = internals.check("worker", broker_of(settings), fallback_facts(settings))
         _start_notes.extend((logging.WARNING, line) for line in verdict.warnings)
         check_steps()
         _check_redis_memory(settings, sender.app.conf.result_backend)

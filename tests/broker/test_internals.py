@@ -16,19 +16,27 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cleveragents.broker import internals
-from cleveragents.broker.celery_settings import consumer_transport
+from cleveragents.broker.celery_settings import (
+    celery_settings,
+    consumer_transport,
+    fallback_facts,
+)
 from cleveragents.broker.internals import INTERNALS, PARTS, InternalsRefused, check
 from cleveragents.broker.patches import all_patches
 from cleveragents.broker.queue_search import is_waiting
 from cleveragents.client import SkillClient
+from cleveragents.constants import HARD_LIMIT_GRACE_S
+from cleveragents.pipeline.guard import CLAIM_GRACE_S
 from cleveragents.settings import Settings
+from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
 from cleveragents.worker.consumer import CONTROL_STEP, check_steps
-from tests.support.procs import EXAMPLE_SKILLS, REPO, wait_until
+from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, wait_until
 
 #: Modules whose classes build on Celery's and kombu's.
 BUILDERS = (
@@ -126,6 +134,42 @@ def test_a_newer_kombu_leaves_the_redis_transport_and_queue_search_to_kombu(
     assert check("worker", "other").fallbacks == frozenset()
 
 
+def test_under_kombus_own_transport_no_live_worker_holds_a_message_past_the_visibility_timeout(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    import kombu
+
+    # Given the defaults (a visibility timeout of 900 s, CLEVERAGENTS_MAX_TIMEOUT_S 3600)
+    settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})
+    ours = celery_settings(settings)["broker_transport_options"]["visibility_timeout"]
+    assert ours == settings.visibility_timeout_s == 900  # our transport never sweeps the live
+    # When kombu is of a series our transport was not written for
+    monkeypatch.setattr(kombu, "__version__", "5.8.0")
+    in_force = celery_settings(settings)["broker_transport_options"]["visibility_timeout"]
+    # Then kombu's sweep passes by every message a live worker may hold: through the
+    # longest wait for a retry, then the hard time limit of the longest invocation
+    longest_hold = (
+        LONGEST_RETRY_DELAY_S + settings.max_timeout_s + CLAIM_GRACE_S + HARD_LIMIT_GRACE_S
+    )
+    assert in_force > longest_hold + 60
+    # and the warning names the value in force and what changes, not "an hour"
+    (line,) = check("worker", "redis", fallback_facts(settings)).warnings
+    assert f"the visibility timeout in force is {in_force:.0f} s, raised from" in line
+    assert "an hour" not in line
+    assert "CLEVERAGENTS_RECOVERY_S" in line
+    assert "CLEVERAGENTS_MAX_TIMEOUT_S" in line
+    # as on a sentinel:// broker, which kombu's own transport serves whatever its version
+    monkeypatch.setattr(kombu, "__version__", "5.7.0")
+    sentinel = replace(settings, broker_url="sentinel://127.0.0.1:26379/0")
+    assert celery_settings(sentinel)["broker_transport_options"]["visibility_timeout"] == in_force
+    monkeypatch.setattr(kombu, "__version__", "5.8.0")
+    # and a longer one configured is kept
+    longer = replace(settings, visibility_timeout_s=in_force * 2)
+    assert celery_settings(longer)["broker_transport_options"]["visibility_timeout"] == (
+        in_force * 2
+    )
+
+
 def test_a_newer_celery_refuses_a_producer_in_one_line(
     monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:
@@ -148,21 +192,23 @@ def test_a_consumer_without_the_control_step_by_its_name_refuses_the_worker() ->
         check_steps(steps)
 
 
-def _worker(env: dict[str, str], simulate: str, folder: Path) -> subprocess.Popen[bytes]:
+def _worker(
+    env: dict[str, str], simulate: str, folder: Path, concurrency: int = 1
+) -> subprocess.Popen[bytes]:
     """A real worker process with one library's version set to 5.8.0 before it starts."""
     code = (
         f"import sys, {simulate}; {simulate}.__version__ = '5.8.0'\n"
         "from celery.__main__ import main\n"
         "sys.argv = ['celery', '-A', 'cleveragents.worker', 'worker', '--loglevel', 'INFO',"
-        " '--concurrency', '1', '--without-mingle', '--without-gossip',"
+        f" '--concurrency', '{concurrency}', '--without-mingle', '--without-gossip',"
         f" '--hostname', 'internals-{os.getpid()}@%h']\n"
         "main()\n"
     )
     full = {
         **os.environ,
+        "CLEVERAGENTS_CATALOGUE": os.pathsep.join([str(EXAMPLE_SKILLS), str(FIXTURE_SKILLS)]),
         **env,
         "CLEVERAGENTS_READY_FILE": str(folder / "ready"),
-        "CLEVERAGENTS_CATALOGUE": str(EXAMPLE_SKILLS),
         "PYTHONPATH": str(REPO),
     }
     with (folder / "worker.log").open("ab") as log:
@@ -231,3 +277,33 @@ def test_a_worker_with_a_newer_celery_refuses_to_start_in_one_line(
     assert "fix: pip install 'celery>=5.7,<5.8'" in refusals[0]
     assert "Traceback" not in log
     assert not (folder / "ready").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_on_kombus_own_transport_never_hands_out_a_live_workers_message_again(
+    redis_url: str, folder: Path
+) -> None:
+    # Given a worker whose kombu says 5.8.0, two pool processes, a visibility timeout
+    # of 2 s configured, and a read that runs 10 s
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url, "CLEVERAGENTS_VISIBILITY_TIMEOUT_S": "2"}
+    proc = _worker(env, "kombu", folder, concurrency=2)
+    runs = folder / "runs.txt"
+    try:
+        wait_until(
+            lambda: (folder / "ready").exists() or proc.poll() is not None, 60, "worker ready"
+        )
+        # When it runs the read to its end
+        with SkillClient(redis_url) as client:
+            handle = client.submit(
+                "test/faults", "test/read", {"path": str(runs), "key": "k", "sleep_s": 10}
+            )
+            result = handle.result(timeout=60)
+        assert result.success, result
+        # Then it ran once: kombu's sweep (every second, at most 2 s old) would have handed
+        # it out again within 3 s of its start, to the idle pool process
+        assert [line.split()[0] for line in runs.read_text().splitlines()] == ["k"]
+        log = (folder / "worker.log").read_text()
+        (warning,) = [line for line in log.splitlines() if "redis-transport was written" in line]
+        assert "raised from CLEVERAGENTS_VISIBILITY_TIMEOUT_S=2 " in warning, warning
+    finally:
+        _stop(proc)

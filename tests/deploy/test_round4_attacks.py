@@ -27,6 +27,7 @@ from cleveragents.constants import (
     APPROVAL_KEY_PREFIX,
     AUDIT_KEY,
     BIND_KEY_PREFIX,
+    DECISION_KEY_PREFIX,
     LIMIT_KEY_PREFIX,
     STATE_AWAITING_APPROVAL,
     TASK_INVOKE,
@@ -54,7 +55,7 @@ def server() -> Iterator[RedisWithUsers]:
         started.stop()
 
 
-def _as(server: RedisWithUsers, user: str) -> redis.Redis:
+def _as(server: RedisWithUsers, user: str) -> Any:
     return redis.Redis.from_url(server.url(user), socket_timeout=10)
 
 
@@ -77,8 +78,13 @@ def _cli(
     }
     return subprocess.run(
         [*_program(["cleveragents"]), *args],
-        cwd=home, env=environment, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=home,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _lines(log: Path) -> list[str]:
@@ -110,18 +116,35 @@ def test_a_readonly_worker_may_not_touch_the_write_fleets_approvals_limits_or_tr
 
 def _planted_body(request_id: str, log: Path) -> dict[str, Any]:
     """A plain write (no approval needed) dressed as a parked call."""
-    return {"request_id": request_id, "skill": SKILL, "tool": RECORD,
-            "arguments": {"log": str(log), "key": "planted"}, "allow_writes": True}  # fmt: skip
+    return {
+        "request_id": request_id,
+        "skill": SKILL,
+        "tool": RECORD,
+        "arguments": {"log": str(log), "key": "planted"},
+        "allow_writes": True,
+    }
 
 
 def _plant(client: redis.Redis, request_id: str, body: dict[str, Any]) -> None:
     """HSET and ZADD a parked record past its expiry, as the red team did."""
-    record = {"request_id": request_id, "skill": body["skill"], "tool": body["tool"],
-              "digest": content_digest(body), "body": body, "asked_by": None, "trace": None}  # fmt: skip
+    record = {
+        "request_id": request_id,
+        "skill": body["skill"],
+        "tool": body["tool"],
+        "digest": content_digest(body),
+        "body": body,
+        "asked_by": None,
+        "trace": None,
+    }
     client.hset(
         f"{APPROVAL_KEY_PREFIX}{request_id}",
-        mapping={"record": json.dumps(record), "asked_at": "1", "expires_at": "1",
-                 "state": "waiting", "digest": record["digest"]},  # fmt: skip
+        mapping={
+            "record": json.dumps(record),
+            "asked_at": "1",
+            "expires_at": "1",
+            "state": "waiting",
+            "digest": record["digest"],
+        },
     )
     client.zadd(APPROVAL_INDEX_KEY, {request_id: 1})
 
@@ -133,7 +156,11 @@ def test_a_planted_parked_record_is_refused_by_the_sweep_and_never_runs(
     folder = tmp_path / "w"
     rid = f"planted-{uuid.uuid4()}"
     with compose_worker(
-        server, "worker", folder, CLEVERAGENTS_APPROVAL_TTL_S="2", CLEVERAGENTS_AUDIT_KEY=AUDIT_SECRET
+        server,
+        "worker",
+        folder,
+        CLEVERAGENTS_APPROVAL_TTL_S="2",
+        CLEVERAGENTS_AUDIT_KEY=AUDIT_SECRET,
     ):
         # Given a record planted by hand (with the write workers' own user: a read-only
         # worker's may no longer write there) for a write that needs no approval
@@ -164,7 +191,7 @@ def test_a_planted_parked_record_is_refused_by_the_sweep_and_never_runs(
 def test_an_approval_names_the_digest_shown_and_a_rewritten_call_is_refused(
     server: RedisWithUsers, tmp_path: Path
 ) -> None:
-    admin = server.admin()
+    admin: Any = server.admin()
     log = tmp_path / "payments.jsonl"
     rid = f"pay-{uuid.uuid4()}"
     with ExitStack() as stack:
@@ -179,8 +206,9 @@ def test_an_approval_names_the_digest_shown_and_a_rewritten_call_is_refused(
         assert shown.returncode == 0, shown.stderr
         seen = json.loads(shown.stdout)
         assert seen["arguments"]["key"] == "payee-A 1200"
-        assert seen["digest"] == content_digest({"skill": SKILL, "tool": PAY,
-                                                 "arguments": seen["arguments"]})  # fmt: skip
+        assert seen["digest"] == content_digest(
+            {"skill": SKILL, "tool": PAY, "arguments": seen["arguments"]}
+        )
         # When the parked call, its digest and its binding are rewritten before the
         # approval (as whoever held a worker's password could)
         key = f"{APPROVAL_KEY_PREFIX}{rid}"
@@ -192,11 +220,18 @@ def test_an_approval_names_the_digest_shown_and_a_rewritten_call_is_refused(
         admin.set(f"{BIND_KEY_PREFIX}{rid}", forged)
         # Then approving what was shown is refused, exit 1, and nothing is decided
         approve = _cli(
-            server, "approver", tmp_path, "approvals", "approve", rid, "--digest", seen["digest"][:12]
+            server,
+            "approver",
+            tmp_path,
+            "approvals",
+            "approve",
+            rid,
+            "--digest",
+            seen["digest"][:12],
         )
         assert approve.returncode == 1, approve.stdout + approve.stderr
         assert "no longer the call that was shown" in approve.stderr
-        assert not admin.exists(f"{DECISION_KEY}{rid}")
+        assert not admin.exists(f"{DECISION_KEY_PREFIX}{rid}")
         # And a wrong or short digest is a clear one-line refusal too
         short = _cli(server, "approver", tmp_path, "approvals", "approve", rid, "--digest", "abc")
         assert short.returncode == 1
@@ -209,7 +244,7 @@ def test_an_approval_names_the_digest_shown_and_a_rewritten_call_is_refused(
 def test_a_worker_runs_only_a_delivery_whose_digest_is_the_decisions(
     server: RedisWithUsers, tmp_path: Path
 ) -> None:
-    admin = server.admin()
+    admin: Any = server.admin()
     log = tmp_path / "payments.jsonl"
     rid = f"pay-{uuid.uuid4()}"
     with ExitStack() as stack:
@@ -227,8 +262,13 @@ def test_a_worker_runs_only_a_delivery_whose_digest_is_the_decisions(
         assert result.success, result.error
         # When a delivery of other content arrives under the same id afterwards (a
         # rewritten body sent on, with its binding rewritten to match)
-        body = {"request_id": rid, "skill": SKILL, "tool": PAY,
-                "arguments": {"log": str(log), "key": "payee-B 99999900"}, "allow_writes": True}  # fmt: skip
+        body = {
+            "request_id": rid,
+            "skill": SKILL,
+            "tool": PAY,
+            "arguments": {"log": str(log), "key": "payee-B 99999900"},
+            "allow_writes": True,
+        }
         admin.set(f"{BIND_KEY_PREFIX}{rid}", content_digest(body))
         admin.delete(f"celery-task-meta-{rid}")
         app = role_app(server, "worker")
@@ -263,14 +303,27 @@ def test_audit_verify_passes_a_whole_trail_and_names_a_trim_and_a_forged_event(
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert "audit trail whole" in whole.stderr
     # And with another key, every event is said to be forged
-    other = _cli(server, "approver", tmp_path, "audit", "--verify",
-                 CLEVERAGENTS_AUDIT_KEY="not-the-workers-key")  # fmt: skip
+    other = _cli(
+        server,
+        "approver",
+        tmp_path,
+        "audit",
+        "--verify",
+        CLEVERAGENTS_AUDIT_KEY="not-the-workers-key",
+    )
     assert other.returncode == 1
     assert "seal that does not verify" in other.stdout
     # When a holder of a worker's password adds an approval and trims the stream to it
     worker = _as(server, "worker")
-    forged = {"request_id": "never-sent", "event": "approved", "skill": SKILL, "tool": PAY,
-              "at": "2026-01-01T00:00:00.000Z", "by": "alice", "digest": "0" * 64}  # fmt: skip
+    forged = {
+        "request_id": "never-sent",
+        "event": "approved",
+        "skill": SKILL,
+        "tool": PAY,
+        "at": "2026-01-01T00:00:00.000Z",
+        "by": "alice",
+        "digest": "0" * 64,
+    }
     worker.xadd(AUDIT_KEY, forged, maxlen=1, approximate=False)  # type: ignore[arg-type]
     assert server.admin().xlen(AUDIT_KEY) == 1
     # Then verify fails, naming the forged event
@@ -285,7 +338,7 @@ def test_audit_verify_names_a_trim_beyond_the_cap_and_a_gap(
 ) -> None:
     log = tmp_path / "records.jsonl"
     key = {"CLEVERAGENTS_AUDIT_KEY": AUDIT_SECRET}
-    admin = server.admin()
+    admin: Any = server.admin()
     with ExitStack() as stack:
         # One pool process: every event comes from one writer's chain
         stack.enter_context(
@@ -339,8 +392,13 @@ def test_a_write_pushed_onto_the_read_queue_by_a_readonly_worker_runs_without_wr
 ) -> None:
     log = tmp_path / "records.jsonl"
     rid = f"smuggled-{uuid.uuid4()}"
-    body = {"request_id": rid, "skill": SKILL, "tool": RECORD,
-            "arguments": {"log": str(log), "key": "smuggled"}, "allow_writes": True}  # fmt: skip
+    body = {
+        "request_id": rid,
+        "skill": SKILL,
+        "tool": RECORD,
+        "arguments": {"log": str(log), "key": "smuggled"},
+        "allow_writes": True,
+    }
     with ExitStack() as stack:
         stack.enter_context(compose_worker(server, "worker", tmp_path / "w"))
         producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
@@ -349,20 +407,19 @@ def test_a_write_pushed_onto_the_read_queue_by_a_readonly_worker_runs_without_wr
         app = role_app(server, "worker-readonly")
         with denied_join_result():
             app.send_task(
-                TASK_INVOKE, args=[body], task_id=rid, queue="skills.read",
-                routing_key="skills.read", exchange="skills.read",
-            )  # fmt: skip
+                TASK_INVOKE,
+                args=[body],
+                task_id=rid,
+                queue="skills.read",
+                routing_key="skills.read",
+                exchange="skills.read",
+            )
         app.close()
         # Then the write worker that takes it runs it without writes: refused
-        result = producer.get_result(rid, timeout=60) if hasattr(producer, "get_result") else None
-        if result is None:
-            wait_until(lambda: producer.get(rid) is not None, 60, "its result")
-            result = producer.get(rid)
+        wait_until(lambda: producer.get(rid) is not None, 60, "its result")
+        result = producer.get(rid)
     assert result is not None
     assert not result.success
     assert result.error is not None
     assert result.error.error_type == "permission_denied", result.error
     assert _lines(log) == []
-
-
-DECISION_KEY = "cleveragents:decision:"

@@ -317,16 +317,6 @@ class Channel(kombu_redis.Channel):
             made = self._plain_client = (pool, self._create_client())
         yield made[1]
 
-    @property
-    def supports_batch_publish(self) -> bool:
-        """Always: a message and its ``task-sent`` event go in one pipeline.
-
-        kombu refuses when the client retries on a time-out, since a pipeline sent
-        again publishes twice. Every single publish here may be sent again that way
-        too; a worker tolerates a message twice: it runs a request id once.
-        """
-        return True
-
     _fetch_sha = hashlib.sha1(FETCH_LUA.encode()).hexdigest()
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
@@ -494,8 +484,9 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with liveness-bounded recovery (see the module docstring)."""
 
     Channel = Channel
-    #: As the channel's (a producer asks the transport before its channel exists).
-    supports_batch_publish = True
+    # Batch publishing is kombu's to decide (its ``supports_batch_publish``, channel and
+    # transport): none when the connection retries a command, since a pipeline sent
+    # again publishes each of its messages twice.
 
 
 def _deliver_as_taken(payload: Any, queue: str) -> None:
