@@ -469,10 +469,18 @@ class SkillClient:
         return self.desk.show(request_id)
 
     def approve(
-        self, request_id: str, *, by: str | None = None, reason: str | None = None
+        self,
+        request_id: str,
+        *,
+        digest: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
     ) -> Decision:
-        """Approve a parked invocation: it runs once (``ApprovalError`` when it cannot)."""
-        return self.desk.approve(request_id, by=by, reason=reason)
+        """Approve a parked invocation: it runs once (``ApprovalError`` when it cannot).
+
+        ``digest`` is the content digest of what the approver saw.
+        """
+        return self.desk.approve(request_id, digest=digest, by=by, reason=reason)
 
     def reject(self, request_id: str, *, reason: str, by: str | None = None) -> Decision:
         """Reject a parked invocation: it ends as ``permission_denied`` with ``reason``."""

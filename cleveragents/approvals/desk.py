@@ -66,9 +66,18 @@ class ApprovalDesk:
         return record, decision
 
     def approve(
-        self, request_id: str, *, by: str | None = None, reason: str | None = None
+        self,
+        request_id: str,
+        *,
+        digest: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
     ) -> Decision:
-        """Approve it: it runs once, with exactly the arguments it was parked with."""
+        """Approve it: it runs once, with exactly the arguments it was parked with.
+
+        ``digest`` (the content digest of what the approver saw) is accepted here and
+        not yet checked: the check is issue 42 item 2's, on its own branch.
+        """
         return self._decide(request_id, APPROVED, by, reason)
 
     def reject(self, request_id: str, *, reason: str, by: str | None = None) -> Decision:

@@ -41,6 +41,13 @@ def mcp() -> None:
 )
 @click.option("--allow-writes", is_flag=True, help="Let write-capable tools run.")
 @click.option(
+    "--approve-over-mcp",
+    is_flag=True,
+    help="Let an MCP client's elicitation answer approve or reject a call that awaits "
+    "approval (the client program's word, recorded as mcp-client:<name>). Without it a "
+    "person approves with `cleveragents approvals approve ID`.",
+)
+@click.option(
     "--max-sessions",
     type=click.IntRange(min=1),
     default=100,
@@ -60,6 +67,7 @@ def serve_command(
     host: str,
     port: int,
     allow_writes: bool,
+    approve_over_mcp: bool,
     max_sessions: int,
     session_idle_timeout: float,
 ) -> None:
@@ -78,6 +86,7 @@ def serve_command(
         host=host,
         port=port,
         allow_writes=allow_writes,
+        approve_over_mcp=approve_over_mcp,
         max_sessions=max_sessions,
         session_idle_timeout=session_idle_timeout,
         token=settings.mcp_token,

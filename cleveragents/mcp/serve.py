@@ -55,6 +55,9 @@ class ServeOptions:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     allow_writes: bool = False
+    #: An MCP client's elicitation answer may approve or reject a parked call (the operator's
+    #: opt-in: the answer is the client program's word, not a person's).
+    approve_over_mcp: bool = False
     #: HTTP: open sessions kept at most; the least recently used idle one makes room.
     max_sessions: int = DEFAULT_MAX_SESSIONS
     #: HTTP: seconds a session may go without a request in flight before it is closed.
@@ -153,11 +156,15 @@ def serve(options: ServeOptions, settings: Settings) -> None:
     with _stopped_by_signals():
         table = load_table(settings)
         with SkillClient(settings=settings) as client:
-            tools = FleetTools(table, client, allow_writes=options.allow_writes)
+            tools = FleetTools(table, client, allow_writes=options.allow_writes,
+                               approve_over_mcp=options.approve_over_mcp)
             with _local_worker(settings):
                 writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
                 log.info("serving %d tools over %s; writes %s", len(table), options.transport,
                          writes)
+                if options.approve_over_mcp:
+                    log.warning("--approve-over-mcp: an MCP client's elicitation answer decides "
+                                "parked calls, recorded as by mcp-client:<the name it gives>")
                 _run(build_server(tools), options)
 
 
