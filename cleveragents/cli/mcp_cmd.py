@@ -55,6 +55,14 @@ def mcp() -> None:
     help="HTTP: open sessions kept at most; the least recently used idle one makes room.",
 )
 @click.option(
+    "--max-sessions-per-client",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="HTTP: open sessions one client (peer address) keeps at most; its own least "
+    "recently used idle one makes room, never another client's.",
+)
+@click.option(
     "--session-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=300.0,
@@ -69,6 +77,7 @@ def serve_command(
     allow_writes: bool,
     approve_over_mcp: bool,
     max_sessions: int,
+    max_sessions_per_client: int,
     session_idle_timeout: float,
 ) -> None:
     """Serve every skill's tools over MCP; each call runs as an invocation on the fleet.
@@ -88,6 +97,7 @@ def serve_command(
         allow_writes=allow_writes,
         approve_over_mcp=approve_over_mcp,
         max_sessions=max_sessions,
+        max_sessions_per_client=max_sessions_per_client,
         session_idle_timeout=session_idle_timeout,
         token=settings.mcp_token,
     )

@@ -26,6 +26,7 @@ from cleveragents.embedded.runner import LocalWorker
 from cleveragents.mcp.http import (
     DEFAULT_HOST,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_PORT,
     DEFAULT_SESSION_IDLE_TIMEOUT,
     MCP_PATH,
@@ -60,6 +61,8 @@ class ServeOptions:
     approve_over_mcp: bool = False
     #: HTTP: open sessions kept at most; the least recently used idle one makes room.
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    #: HTTP: open sessions one client (peer address) keeps at most; its own idle one makes room.
+    max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT
     #: HTTP: seconds a session may go without a request in flight before it is closed.
     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
     #: The bearer token HTTP clients must send (``CLEVERAGENTS_MCP_TOKEN``); never logged.
@@ -212,11 +215,16 @@ async def _serve_http(server: Server[Any], options: ServeOptions) -> None:
         max_sessions=2 * options.max_sessions,
     )
     app = guarded_app(sdk_app, host=options.host, token=options.token,
-                max_sessions=options.max_sessions, idle_timeout=options.session_idle_timeout)
+                      max_sessions=options.max_sessions,
+                      idle_timeout=options.session_idle_timeout,
+                      max_per_client=options.max_sessions_per_client)
     if not options.token:
         log.warning("%s is not set: any local process may call the tools", TOKEN_ENV)
+    # No proxy headers: a session counts against its connection's own peer address, which a
+    # client cannot choose; uvicorn would otherwise take X-Forwarded-For from any local client.
     config = uvicorn.Config(
-        app, host=options.host, port=options.port, log_level="warning", lifespan="on"
+        app, host=options.host, port=options.port, log_level="warning", lifespan="on",
+        proxy_headers=False,
     )
     log.info("listening on http://%s:%d%s", options.host, options.port, MCP_PATH)
     await uvicorn.Server(config).serve()
