@@ -368,8 +368,6 @@ class SessionLimit:
                 "code": -32000, "message": message}})
             return
         self._opening[peer] = self._opening.get(peer, 0) + 1
-        if victim is not None:
-            await self._close(victim, scope)
         opened: _Use | None = None
 
         async def watch(message: Message) -> None:
@@ -383,6 +381,8 @@ class SessionLimit:
             await send(message)
 
         try:
+            if victim is not None:
+                await self._close(victim, scope)
             await self.app(scope, receive, watch)
         finally:
             if opened is None:
