@@ -41,11 +41,26 @@ def mcp() -> None:
 )
 @click.option("--allow-writes", is_flag=True, help="Let write-capable tools run.")
 @click.option(
+    "--approve-over-mcp",
+    is_flag=True,
+    help="Let an MCP client's elicitation answer approve or reject a call that awaits "
+    "approval (the client program's word, recorded as mcp-client:<name>). Without it a "
+    "person approves with `cleveragents approvals approve ID`.",
+)
+@click.option(
     "--max-sessions",
     type=click.IntRange(min=1),
     default=100,
     show_default=True,
     help="HTTP: open sessions kept at most; the least recently used idle one makes room.",
+)
+@click.option(
+    "--max-sessions-per-client",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="HTTP: open sessions one client (peer address) keeps at most; its own least "
+    "recently used idle one makes room, never another client's.",
 )
 @click.option(
     "--session-idle-timeout",
@@ -60,7 +75,9 @@ def serve_command(
     host: str,
     port: int,
     allow_writes: bool,
+    approve_over_mcp: bool,
     max_sessions: int,
+    max_sessions_per_client: int,
     session_idle_timeout: float,
 ) -> None:
     """Serve every skill's tools over MCP; each call runs as an invocation on the fleet.
@@ -78,7 +95,9 @@ def serve_command(
         host=host,
         port=port,
         allow_writes=allow_writes,
+        approve_over_mcp=approve_over_mcp,
         max_sessions=max_sessions,
+        max_sessions_per_client=max_sessions_per_client,
         session_idle_timeout=session_idle_timeout,
         token=settings.mcp_token,
     )

@@ -1,9 +1,13 @@
-"""Asking a person through the MCP client whether a parked invocation may run.
+"""Asking the MCP client whether a parked invocation may run (``--approve-over-mcp`` only).
 
-When ``mcp serve`` finds a call's invocation parked for approval and the client
-declared the elicitation capability, ``Approver`` sends one form question naming
-the skill, the tool and the arguments; accept approves, decline or cancel
-rejects, recorded as ``by: mcp:<client name>`` (docs/mcp.md, "Approvals over MCP").
+An elicitation answer is the client program's word, not a person's: any program
+that talks to the server can answer its own question, so ``mcp serve`` asks only
+when its operator opted in with ``--approve-over-mcp``. Then, when a call's
+invocation is parked for approval and the client declared the elicitation
+capability, ``Approver`` sends one form question naming the skill, the tool and
+the arguments; accept approves the digest of exactly those arguments, decline or
+cancel rejects, recorded as ``by: mcp-client:<client name>`` (docs/mcp.md,
+"Approvals over MCP").
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from mcp.server.session import ServerSession
 from cleveragents.approvals import ApprovalError
 from cleveragents.client import SkillClient
 from cleveragents.mcp.naming import ToolRoute
+from cleveragents.pipeline.binding import request_digest
 from cleveragents.runtime.request import SkillInvocationRequest
 
-__all__ = ["Approver", "can_elicit", "client_name", "question"]
+__all__ = ["BY_PREFIX", "Approver", "can_elicit", "client_name", "decided_by", "question"]
 
 log = logging.getLogger("cleveragents.mcp")
 
+#: The audit ``by`` of a decision taken over MCP: the client program's name after it.
+BY_PREFIX = "mcp-client:"
 #: The form of the question: one optional field, the person's reason.
 REASON_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -60,6 +67,14 @@ def client_name(session: ServerSession) -> str:
     return (info.name.strip() if info is not None else "") or "client"
 
 
+def decided_by(session: ServerSession) -> str:
+    """The audit ``by`` of an answer from this session: ``mcp-client:<client name>``.
+
+    The name is whatever the client program chose to call itself: the prefix says so.
+    """
+    return f"{BY_PREFIX}{client_name(session)}"
+
+
 def question(route: ToolRoute, request: SkillInvocationRequest) -> str:
     """What the person is asked: the skill, the tool, the invocation and its arguments."""
     arguments = json.dumps(request.arguments, indent=2, sort_keys=True, default=str)
@@ -77,7 +92,9 @@ def question(route: ToolRoute, request: SkillInvocationRequest) -> str:
 
 
 class Approver:
-    """Asks the person about one parked invocation through the client, and records the answer.
+    """Asks the client about one parked invocation, and records its answer as the decision.
+
+    Built only when the operator opted in (``--approve-over-mcp``).
 
     ``failed`` turns true when the question could not be asked or the answer not
     recorded (the call then answers with ``awaiting_result``). A decision taken
@@ -98,7 +115,7 @@ class Approver:
         self.failed = False
 
     async def ask(self) -> None:
-        """Ask once, then approve or reject as the person answered."""
+        """Ask once, then approve or reject as the client answered."""
         request_id = self.request.request_id
         log.info(
             "call %s: invocation %s awaits approval; asking the client", self.route.name, request_id
@@ -119,13 +136,16 @@ class Approver:
 
     async def _decide(self, answer: types.ElicitResult) -> None:
         request_id = self.request.request_id
-        by = f"mcp:{client_name(self.ctx.session)}"
+        by = decided_by(self.ctx.session)
         said = answer.content.get("reason") if answer.content else None
         reason = said.strip() if isinstance(said, str) and said.strip() else None
         try:
             if answer.action == "accept":
+                # The approval names what the question showed: a parked call changed since
+                # then is not approved by this answer.
+                digest = request_digest(self.request)
                 await anyio.to_thread.run_sync(
-                    lambda: self.client.approve(request_id, by=by, reason=reason)
+                    lambda: self.client.approve(request_id, digest=digest, by=by, reason=reason)
                 )
             else:
                 why = reason or _NO_REASON[answer.action]

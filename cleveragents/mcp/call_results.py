@@ -11,10 +11,11 @@
 - Either way ``_meta`` carries ``cleveragents/request_id`` (the invocation's id,
   for ``cleveragents result ID``), and on failure ``cleveragents/error`` (the
   ``SkillError`` as JSON) or on success ``cleveragents/resource_changes``.
-- Awaiting approval, when the person cannot be asked through the client
-  (``awaiting_result``): ``isError: true`` (nothing ran, and a success would have to
-  match the tool's ``outputSchema``, which clients check), a text block saying how a
-  person approves it, and ``structuredContent`` ``{"state": "awaiting_approval", ...}``.
+- Awaiting approval, when the client is not asked to decide (``awaiting_result``):
+  ``isError: true`` (nothing ran, and a success would have to match the tool's
+  ``outputSchema``, which clients check), a text block saying how a person holding
+  the approver role approves it and that the agent must not call again, and
+  ``structuredContent`` ``{"state": "awaiting_approval", ...}`` saying the same.
 """
 
 from __future__ import annotations
@@ -104,14 +105,19 @@ def revoked_result(route: ToolRoute, request_id: str) -> SkillResult:
 
 
 def awaiting_result(route: ToolRoute, request_id: str) -> types.CallToolResult:
-    """The answer to a call whose invocation stays parked: how a person approves it."""
+    """The answer to a call whose invocation stays parked: how a person approves it.
+
+    Said to the agent, which cannot approve it: a person holding the approver role does.
+    """
     approve = f"cleveragents approvals approve {request_id}"
     reject = f"cleveragents approvals reject {request_id} --reason TEXT"
+    result = f"cleveragents result {request_id}"
     text = (
         f"{AWAITING}: tool {route.tool} of skill {route.skill} waits for a person's approval "
-        f"and has not run (invocation {request_id}). A person approves it with `{approve}` "
-        f"(or rejects it with `{reject}`); `cleveragents result {request_id}` then shows "
-        "its result. Do not call it again: that would ask again."
+        f"and has not run (invocation {request_id}). Only a person holding the approver role "
+        f"can approve it, with `{approve}` (or reject it with `{reject}`); `{result}` then "
+        "shows its result. Tell the user so and stop here: do not call this tool again for "
+        "this request (another call would park another invocation, not approve this one)."
     )
     structured = {
         "state": AWAITING,
@@ -119,6 +125,10 @@ def awaiting_result(route: ToolRoute, request_id: str) -> types.CallToolResult:
         "skill": route.skill,
         "tool": route.tool,
         "approve": approve,
+        "reject": reject,
+        "result": result,
+        "approved_by": "a person holding the approver role",
+        "call_again": False,
     }
     return types.CallToolResult(
         content=[_text(text)],

@@ -6,8 +6,10 @@ it (401 otherwise), compared in constant time (``BearerGuard``). On loopback
 without a token it serves any process on this machine, with a warning, and
 ``HostGuard`` keeps web pages out: a request whose Host or Origin names anything
 but the listen address or a loopback name is refused (DNS rebinding). Either
-way ``SessionLimit`` keeps at most ``--max-sessions`` sessions, closing the
-least recently used idle one to make room, so one client cannot lock out others.
+way ``SessionLimit`` keeps at most ``--max-sessions`` sessions, and at most
+``--max-sessions-per-client`` of them for one client (one peer address): a new
+session closes the least recently used idle session of its own client, never
+another's, so one client can neither lock out nor evict the others.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from cleveragents.errors import ConfigurationError
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_MAX_SESSIONS_PER_CLIENT",
     "DEFAULT_PORT",
     "DEFAULT_SESSION_IDLE_TIMEOUT",
     "MCP_PATH",
@@ -51,6 +54,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 #: Default of ``--max-sessions``: open MCP sessions one server keeps at most.
 DEFAULT_MAX_SESSIONS = 100
+#: Default of ``--max-sessions-per-client``: open sessions one client (peer address) keeps at
+#: most; an MCP host needs one per server connection, a handful at most.
+DEFAULT_MAX_SESSIONS_PER_CLIENT = 16
 #: Default of ``--session-idle-timeout``: seconds without a request before a session is closed.
 DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
 
@@ -229,7 +235,7 @@ class HostGuard:
         await self.app(scope, receive, send)
 
 
-# --- Sessions: a bounded table where the least recently used idle session makes room --
+# --- Sessions: a bounded table where a client's own idle sessions make room ----------
 
 #: The response header (and request header) that carries a session's id.
 SESSION_HEADER = b"mcp-session-id"
@@ -237,6 +243,19 @@ SESSION_HEADER = b"mcp-session-id"
 _IDLE_SLACK = 1.0
 #: At most one warning about the session limit per this many seconds.
 _WARN_EVERY = 60.0
+#: The client key of a request whose peer the server does not know (no ``client`` in scope).
+_UNKNOWN_PEER = "unknown"
+
+
+def peer_of(scope: Scope) -> str:
+    """The client a request counts against: its peer's IP address (the TCP connection's).
+
+    Not the bearer token, which every client of a server shares, and not
+    ``X-Forwarded-For``, which any client can write (``mcp serve`` turns uvicorn's
+    proxy headers off, so ``scope["client"]`` is the connection's own address).
+    """
+    client = scope.get("client")
+    return str(client[0]) if client else _UNKNOWN_PEER
 
 
 @dataclass
@@ -245,20 +264,27 @@ class _Use:
 
     in_flight: int
     last_active: float
+    #: The client (peer address) that opened it.
+    peer: str = _UNKNOWN_PEER
 
 
 class SessionLimit:
-    """ASGI middleware: at most ``max_sessions`` MCP sessions; a new one takes an idle one's place.
+    """ASGI middleware: at most ``max_sessions`` MCP sessions, ``max_per_client`` per client.
 
-    A session is idle when no request of it is in flight (an open GET stream is
-    one). When a request without a session id would open one more than
-    ``max_sessions``, the least recently used idle session is closed through the
-    SDK's own front door (a DELETE with its id); when none is idle, the new
-    session is refused with 503. One client opening sessions in a loop thus only
-    recycles idle sessions (its own, first of all) and never stops the next
-    client from getting one, while a client that keeps a stream open keeps its
-    session. The table never holds more than ``max_sessions`` sessions; one the
-    SDK closed after ``idle_timeout`` is forgotten soon after.
+    A client is a peer address (``peer_of``). A session is idle when no request of
+    it is in flight (an open GET stream is one). When a request without a session
+    id would give its client more than ``max_per_client`` sessions, that client's
+    own least recently used idle session is closed through the SDK's own front
+    door (a DELETE with its id); when none of its sessions is idle, the new one is
+    refused with 429. When it would make more than ``max_sessions`` in all, the
+    victim is an idle session of the client holding the most sessions, this
+    client's own first on a tie, and never one of a client holding no more
+    sessions than this one; without such a victim the new one is refused with 503.
+    One client opening sessions in a loop thus only ever recycles its own idle
+    sessions and never closes, nor locks out, another client's; a client that
+    keeps a stream open keeps its session. The table never holds more than
+    ``max_sessions`` sessions; one the SDK closed after ``idle_timeout`` is
+    forgotten soon after.
     """
 
     def __init__(
@@ -267,18 +293,21 @@ class SessionLimit:
         max_sessions: int,
         idle_timeout: float,
         *,
+        max_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
         path: str = MCP_PATH,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_sessions < 1 or not idle_timeout > 0:
-            raise ValueError("max_sessions and idle_timeout must be positive")
+        if max_sessions < 1 or max_per_client < 1 or not idle_timeout > 0:
+            raise ValueError("max_sessions, max_per_client and idle_timeout must be positive")
         self.app = app
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client
         self.idle_timeout = idle_timeout
         self._path = path
         self._clock = clock
         self._sessions: dict[str, _Use] = {}
-        self._opening = 0
+        #: Sessions being opened (no id yet), by client.
+        self._opening: dict[str, int] = {}
         self._closed = 0
         self._warned_at: float | None = None
 
@@ -286,6 +315,11 @@ class SessionLimit:
     def open_sessions(self) -> int:
         """Sessions known to be open (for tests and logs)."""
         return len(self._sessions)
+
+    def sessions_of(self, peer: str) -> int:
+        """Sessions of one client, open or being opened."""
+        held = sum(1 for use in self._sessions.values() if use.peer == peer)
+        return held + self._opening.get(peer, 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") != self._path:
@@ -325,24 +359,15 @@ class SessionLimit:
 
     async def _opening_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._forget_expired()
-        if len(self._sessions) + self._opening >= self.max_sessions:
-            victim = self._least_recently_used_idle()
-            if victim is None:
-                self._warn(f"all {self.max_sessions} sessions are in use: refusing a new one")
-                await _answer(send, 503, {"jsonrpc": "2.0", "id": None, "error": {
-                    "code": -32000,
-                    "message": f"too many open sessions: all {self.max_sessions} are in use; "
-                               "retry when one ends",
-                }})
-                return
-            del self._sessions[victim]
-            self._opening += 1
-            self._closed += 1
-            self._warn(f"{self.max_sessions} sessions open: closing the least recently used "
-                       "idle ones to make room")
-            await self._close(victim, scope)
-        else:
-            self._opening += 1
+        peer = peer_of(scope)
+        victim, refusal = self._make_room(peer)
+        if refusal is not None:
+            status, message = refusal
+            self._warn(message)
+            await _answer(send, status, {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32000, "message": message}})
+            return
+        self._opening[peer] = self._opening.get(peer, 0) + 1
         opened: _Use | None = None
 
         async def watch(message: Message) -> None:
@@ -350,18 +375,73 @@ class SessionLimit:
             if message["type"] == "http.response.start" and opened is None:
                 ids = _header_values(message.get("headers", ()), SESSION_HEADER)
                 if message["status"] < 400 and ids:
-                    opened = self._sessions[ids[0].decode("latin-1")] = _Use(1, self._clock())
-                    self._opening -= 1
+                    opened = _Use(1, self._clock(), peer)
+                    self._sessions[ids[0].decode("latin-1")] = opened
+                    self._done_opening(peer)
             await send(message)
 
         try:
+            if victim is not None:
+                await self._close(victim, scope)
             await self.app(scope, receive, watch)
         finally:
             if opened is None:
-                self._opening -= 1
+                self._done_opening(peer)
             else:
                 opened.in_flight -= 1
                 opened.last_active = self._clock()
+
+    def _make_room(self, peer: str) -> tuple[str | None, tuple[int, str] | None]:
+        """The session to close to make room for one more of ``peer``'s, and the refusal.
+
+        ``(victim or None, None)`` when the new session may open once the victim, if
+        any, is closed; ``(None, (status, message))`` when it is refused. The victim
+        leaves the table here, before any await, so two requests never pick the same one.
+        """
+        held = self.sessions_of(peer)
+        if held >= self.max_per_client:
+            victim = self._least_recently_used_idle(lambda use: use.peer == peer)
+            if victim is None:
+                return None, (429, f"too many open sessions for this client: all its "
+                                  f"{self.max_per_client} are in use; retry when one ends")
+            why = (f"a client at its {self.max_per_client} sessions: closing its own least "
+                   "recently used idle one")
+        elif len(self._sessions) + sum(self._opening.values()) >= self.max_sessions:
+            victim = self._fairest_victim(peer, held)
+            if victim is None:
+                return None, (503, f"too many open sessions: all {self.max_sessions} are in "
+                                   "use; retry when one ends")
+            why = (f"{self.max_sessions} sessions open: closing an idle one of the client "
+                   "holding the most")
+        else:
+            return None, None
+        del self._sessions[victim]
+        self._closed += 1
+        self._warn(why)
+        return victim, None
+
+    def _fairest_victim(self, peer: str, held: int) -> str | None:
+        """An idle session of the client holding the most (``peer``'s own first on a tie).
+
+        Never one of another client holding ``held`` sessions or fewer: a new session never
+        costs a client with no more sessions than its own client one of theirs.
+        """
+        counts: dict[str, int] = {}
+        for use in self._sessions.values():
+            counts[use.peer] = counts.get(use.peer, 0) + 1
+        candidates = [
+            (-counts[use.peer], use.peer != peer, use.last_active, sid)
+            for sid, use in self._sessions.items()
+            if not use.in_flight and (use.peer == peer or counts[use.peer] > held)
+        ]
+        return min(candidates)[3] if candidates else None
+
+    def _done_opening(self, peer: str) -> None:
+        left = self._opening.get(peer, 0) - 1
+        if left > 0:
+            self._opening[peer] = left
+        else:
+            self._opening.pop(peer, None)
 
     def _forget_expired(self) -> None:
         """Forget sessions idle past the timeout: the SDK has closed them."""
@@ -370,8 +450,9 @@ class SessionLimit:
             if not use.in_flight and use.last_active < horizon:
                 del self._sessions[session_id]
 
-    def _least_recently_used_idle(self) -> str | None:
-        idle = [(use.last_active, sid) for sid, use in self._sessions.items() if not use.in_flight]
+    def _least_recently_used_idle(self, among: Callable[[_Use], bool]) -> str | None:
+        idle = [(use.last_active, sid) for sid, use in self._sessions.items()
+                if not use.in_flight and among(use)]
         return min(idle)[1] if idle else None
 
     async def _close(self, session_id: str, scope: Scope) -> None:
@@ -410,10 +491,11 @@ def guarded_app(
     token: str | None,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT,
+    max_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
 ) -> ASGIApp:
     """The SDK's app behind the session limit, then the token or, without one, Host and Origin.
 
     The outer guard refuses first, so a refused request never costs a session its place.
     """
-    limited = SessionLimit(app, max_sessions, idle_timeout)
+    limited = SessionLimit(app, max_sessions, idle_timeout, max_per_client=max_per_client)
     return BearerGuard(limited, token) if token else HostGuard(limited, host)

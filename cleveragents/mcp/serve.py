@@ -26,6 +26,7 @@ from cleveragents.embedded.runner import LocalWorker
 from cleveragents.mcp.http import (
     DEFAULT_HOST,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_PORT,
     DEFAULT_SESSION_IDLE_TIMEOUT,
     MCP_PATH,
@@ -55,8 +56,13 @@ class ServeOptions:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     allow_writes: bool = False
+    #: An MCP client's elicitation answer may approve or reject a parked call (the operator's
+    #: opt-in: the answer is the client program's word, not a person's).
+    approve_over_mcp: bool = False
     #: HTTP: open sessions kept at most; the least recently used idle one makes room.
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    #: HTTP: open sessions one client (peer address) keeps at most; its own idle one makes room.
+    max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT
     #: HTTP: seconds a session may go without a request in flight before it is closed.
     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
     #: The bearer token HTTP clients must send (``CLEVERAGENTS_MCP_TOKEN``); never logged.
@@ -153,11 +159,15 @@ def serve(options: ServeOptions, settings: Settings) -> None:
     with _stopped_by_signals():
         table = load_table(settings)
         with SkillClient(settings=settings) as client:
-            tools = FleetTools(table, client, allow_writes=options.allow_writes)
+            tools = FleetTools(table, client, allow_writes=options.allow_writes,
+                               approve_over_mcp=options.approve_over_mcp)
             with _local_worker(settings):
                 writes = "allowed" if options.allow_writes else "refused (no --allow-writes)"
                 log.info("serving %d tools over %s; writes %s", len(table), options.transport,
                          writes)
+                if options.approve_over_mcp:
+                    log.warning("--approve-over-mcp: an MCP client's elicitation answer decides "
+                                "parked calls, recorded as by mcp-client:<the name it gives>")
                 _run(build_server(tools), options)
 
 
@@ -205,11 +215,16 @@ async def _serve_http(server: Server[Any], options: ServeOptions) -> None:
         max_sessions=2 * options.max_sessions,
     )
     app = guarded_app(sdk_app, host=options.host, token=options.token,
-                max_sessions=options.max_sessions, idle_timeout=options.session_idle_timeout)
+                      max_sessions=options.max_sessions,
+                      idle_timeout=options.session_idle_timeout,
+                      max_per_client=options.max_sessions_per_client)
     if not options.token:
         log.warning("%s is not set: any local process may call the tools", TOKEN_ENV)
+    # No proxy headers: a session counts against its connection's own peer address, which a
+    # client cannot choose; uvicorn would otherwise take X-Forwarded-For from any local client.
     config = uvicorn.Config(
-        app, host=options.host, port=options.port, log_level="warning", lifespan="on"
+        app, host=options.host, port=options.port, log_level="warning", lifespan="on",
+        proxy_headers=False,
     )
     log.info("listening on http://%s:%d%s", options.host, options.port, MCP_PATH)
     await uvicorn.Server(config).serve()

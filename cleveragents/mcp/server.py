@@ -12,11 +12,13 @@ threads, so the event loop stays free: progress is reported once a second while
 the client asked for it, and ``notifications/cancelled`` (which cancels the
 handler) revokes the invocation: a queued one never starts, a running read is
 terminated, a running write is left to finish (and the log says so). A call
-whose invocation is parked for a person's approval asks that person through the
-client when it declared elicitation (``Approver``): accept approves, decline or
-cancel rejects, ``by: mcp:<client name>``; otherwise, or when the question cannot
-be asked or the answer not recorded here, the call answers at once with how to
-approve it (``awaiting_result``) and the invocation stays parked.
+whose invocation is parked for a person's approval answers at once with how a
+person approves it (``awaiting_result``) and the invocation stays parked: an
+elicitation answer is the client program's word, not a person's, so the client
+is asked (``Approver``: accept approves, decline or cancel rejects, ``by:
+mcp-client:<client name>``) only when the operator opted in with
+``--approve-over-mcp`` and the client declared elicitation; when the question
+cannot be asked or the answer not recorded here, the call answers the same way.
 """
 
 from __future__ import annotations
@@ -88,11 +90,14 @@ class FleetTools:
         client: SkillClient,
         *,
         allow_writes: bool = False,
+        approve_over_mcp: bool = False,
         progress_interval_s: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self.table = table
         self.client = client
         self.allow_writes = allow_writes
+        #: Whether a client's elicitation answer may decide a parked call (the operator's opt-in).
+        self.approve_over_mcp = approve_over_mcp
         self.progress_interval_s = progress_interval_s
         self._listing = types.ListToolsResult(
             tools=[types.Tool.model_validate(tool) for tool in table.tools]
@@ -194,11 +199,13 @@ class FleetTools:
                 if state == "REVOKED":
                     return revoked_result(route, request_id)
                 if state == STATE_AWAITING_APPROVAL and approver is None:
-                    if not can_elicit(ctx.session):
+                    why = self._not_asking(ctx)
+                    if why is not None:
                         log.info(
-                            "call %s: invocation %s awaits approval; the client cannot be asked",
+                            "call %s: invocation %s awaits a person's approval; %s",
                             route.name,
                             request_id,
+                            why,
                         )
                         return awaiting_result(route, request_id)
                     approver = Approver(ctx, self.client, route, request)
@@ -210,6 +217,14 @@ class FleetTools:
                 next_report = time.monotonic() + self.progress_interval_s
             await anyio.sleep(pause)
             pause = min(pause * 1.5, MAX_POLL_S)
+
+    def _not_asking(self, ctx: ServerRequestContext[Any, Any]) -> str | None:
+        """Why the client is not asked to decide a parked call, or None when it is."""
+        if not self.approve_over_mcp:
+            return "the client is not asked (no --approve-over-mcp)"
+        if not can_elicit(ctx.session):
+            return "the client cannot be asked (no elicitation)"
+        return None
 
     def cancel(self, route: ToolRoute, request_id: str) -> None:
         """Revoke a cancelled call's invocation: stop a read, never a running write."""

@@ -7,6 +7,10 @@ Issue 29, attacks 7 and 12, against real `cleveragents mcp serve` processes:
   (421 or 403) and never sees the tool list.
 - Session lock-out: one client opening sessions as fast as it can neither locks
   out the next client nor grows the server without bound.
+
+Issue 42, attack 8: nor does it close another client's idle session. A client is
+a peer address; the tests' clients bind distinct loopback addresses
+(127.0.0.3, 127.0.0.4, ...), as distinct machines would have.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -27,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cleveragents.mcp.http import (
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_SESSION_IDLE_TIMEOUT,
     HostGuard,
     SessionLimit,
@@ -236,6 +242,60 @@ def test_a_session_flood_closes_the_oldest_idle_sessions_and_the_next_client_is_
     assert flooding < 60, f"{len(flood)} sessions took {flooding:.1f} s"
 
 
+def _from(address: str) -> httpx2.Client:
+    """An HTTP client whose connections come from ``address`` (a loopback address: a peer)."""
+    return httpx2.Client(transport=httpx2.HTTPTransport(local_address=address), timeout=30)
+
+
+def _flood_then_list(
+    server: Listening, flooder: httpx2.Client, headers: dict[str, str] | None = None
+) -> tuple[int, str, list[int]]:
+    """A second client's idle session, one client's flood of ``initialize``, then the second
+    client's ``tools/list``: its status and body, and the statuses of the flood."""
+    with _from("127.0.0.4") as victim:
+        # Given another client's session, initialized and left idle
+        opened = victim.post(server.url, content=json.dumps(INITIALIZE), headers=ACCEPT)
+        assert opened.status_code == 200, opened.text
+        session = {SESSION: opened.headers[SESSION]}
+        ready = victim.post(server.url, content=json.dumps(INITIALIZED),
+                            headers={**ACCEPT, **session})
+        assert ready.status_code == 202, ready.text
+        # When one client opens far more sessions than the whole server keeps
+        flood = [
+            flooder.post(server.url, content=json.dumps(INITIALIZE),
+                         headers={**ACCEPT, **(headers or {})}).status_code
+            for _ in range(DEFAULT_MAX_SESSIONS + 50)
+        ]
+        # Then the other client's session still answers
+        listed = victim.post(server.url, content=json.dumps(TOOLS_LIST),
+                             headers={**ACCEPT, **session})
+        return listed.status_code, listed.text, flood
+
+
+def test_a_session_flood_never_closes_another_clients_idle_session(
+    default_server: Listening,
+) -> None:
+    with _from("127.0.0.3") as flooder:
+        status, body, flood = _flood_then_list(default_server, flooder)
+
+    assert status == 200, body
+    assert WORD_COUNT in body
+    assert flood == [200] * len(flood)  # the flood recycled its own idle sessions
+
+
+def test_a_forged_x_forwarded_for_does_not_make_a_flood_count_as_another_client(
+    default_server: Listening,
+) -> None:
+    # From 127.0.0.1, which uvicorn trusts for proxy headers by default, naming the victim
+    with _from("127.0.0.1") as flooder:
+        status, body, _ = _flood_then_list(
+            default_server, flooder, {"X-Forwarded-For": "127.0.0.4"}
+        )
+
+    assert status == 200, body
+    assert WORD_COUNT in body
+
+
 @pytest.fixture(scope="module")
 def small_server(
     session_redis_url: str, tmp_path_factory: pytest.TempPathFactory
@@ -336,15 +396,17 @@ async def _respond(
 
 async def call(
     app: ASGIApp, method: str = "POST", session: str | None = None, host: str = "127.0.0.2:1",
-    **more: str,
+    *, peer: str | None = None, **more: str,
 ) -> tuple[int, dict[bytes, bytes]]:
-    """One request straight into an ASGI app: its status and headers."""
+    """One request straight into an ASGI app (from ``peer``): its status and headers."""
     headers = [(b"host", host.encode())] if host else []
     if session is not None:
         headers.append((SESSION.encode(), session.encode()))
     headers += [(name.encode(), value.encode()) for name, value in more.items()]
     scope = {"type": "http", "method": method, "path": "/mcp", "headers": headers,
              "query_string": b""}
+    if peer is not None:
+        scope["client"] = (peer, 50000)
     answered: list[tuple[int, dict[bytes, bytes]]] = []
 
     async def receive() -> Message:
@@ -358,8 +420,8 @@ async def call(
     return answered[0]
 
 
-async def opened(app: ASGIApp) -> str:
-    status, headers = await call(app)
+async def opened(app: ASGIApp, peer: str | None = None) -> str:
+    status, headers = await call(app, peer=peer)
     assert status == 200
     return headers[SESSION.encode()].decode()
 
@@ -437,6 +499,66 @@ def test_a_session_its_client_deleted_frees_its_place() -> None:
         return limit
 
     assert anyio.run(scenario).open_sessions == 0
+
+
+def test_a_client_at_its_cap_recycles_only_its_own_least_recently_used_idle_session() -> None:
+    async def scenario() -> tuple[SdkStandIn, SessionLimit, str, list[str]]:
+        sdk = SdkStandIn()
+        limit = SessionLimit(sdk, max_sessions=10, idle_timeout=300, max_per_client=2)
+        other = await opened(limit, "10.0.0.1")
+        flood = [await opened(limit, "10.0.0.2") for _ in range(6)]
+        return sdk, limit, other, flood
+
+    sdk, limit, other, flood = anyio.run(scenario)
+
+    assert sdk.deleted == flood[:4]  # its own, oldest first
+    assert sdk.open == [other, *flood[4:]]
+    assert limit.sessions_of("10.0.0.2") == 2
+
+
+def test_a_client_whose_every_session_is_busy_gets_429_and_nothing_else_closes() -> None:
+    async def scenario() -> tuple[int, SdkStandIn]:
+        sdk = SdkStandIn()
+        limit = SessionLimit(sdk, max_sessions=10, idle_timeout=300, max_per_client=1)
+        await opened(limit, "10.0.0.1")
+        held = await opened(limit, "10.0.0.2")
+        async with anyio.create_task_group() as group:
+            group.start_soon(partial(call, limit, "GET", held, peer="10.0.0.2"))
+            await anyio.sleep(0.01)
+            status, _ = await call(limit, peer="10.0.0.2")
+            sdk.release.set()
+        return status, sdk
+
+    status, sdk = anyio.run(scenario)
+
+    assert status == 429
+    assert sdk.deleted == []
+    assert len(sdk.open) == 2
+
+
+def test_a_full_table_takes_room_from_the_client_holding_most_never_from_a_smaller_one() -> None:
+    async def scenario() -> tuple[SdkStandIn, list[str], str, int]:
+        sdk = SdkStandIn()
+        limit = SessionLimit(sdk, max_sessions=4, idle_timeout=300, max_per_client=3)
+        big = [await opened(limit, "10.0.0.1") for _ in range(3)]
+        small = await opened(limit, "10.0.0.2")
+        await opened(limit, "10.0.0.3")  # the table is full: the big client gives way
+        # Now every client holds one or two; one holding one, all busy, asks for a second
+        sessions = [sid for sid in sdk.open if sid != small]
+        async with anyio.create_task_group() as group:
+            for sid in sessions:
+                group.start_soon(partial(call, limit, "GET", sid))
+            await anyio.sleep(0.01)
+            status, _ = await call(limit, peer="10.0.0.3")
+            sdk.release.set()
+        return sdk, big, small, status
+
+    sdk, big, small, status = anyio.run(scenario)
+
+    assert sdk.deleted == big[:1]
+    # The small client's idle session is never taken for a client holding as many
+    assert small in sdk.open
+    assert status == 503
 
 
 @pytest.mark.parametrize(
@@ -523,4 +645,5 @@ def test_the_command_line_defaults_are_the_documented_ones() -> None:
     defaults = {param.name: param.default for param in serve_command.params}
 
     assert defaults["max_sessions"] == DEFAULT_MAX_SESSIONS == 100
+    assert defaults["max_sessions_per_client"] == DEFAULT_MAX_SESSIONS_PER_CLIENT == 16
     assert defaults["session_idle_timeout"] == DEFAULT_SESSION_IDLE_TIMEOUT == 300

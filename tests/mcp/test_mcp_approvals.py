@@ -1,12 +1,14 @@
-"""Approvals over MCP: `cleveragents mcp serve` asks the person through the client.
+"""Approvals over MCP: only the operator's `--approve-over-mcp` lets a client's answer decide.
 
 The SDK's own client calls a write that needs approval (`test/send-payment` of
 the fixture skill `test/approvals`) through `cleveragents mcp serve
---allow-writes` over stdio, on a real worker on Redis. A client that declared
-elicitation is asked (skill, tool, arguments): accept approves and the write
-runs, decline rejects it, both recorded as `by: mcp:<client name>`. A client
-without elicitation is told at once how to approve, and the invocation stays
-parked.
+--allow-writes` over stdio, on a real worker on Redis. Without
+`--approve-over-mcp` no client is asked: one that would accept anything, named
+after a person, gets its call parked and is told how a person approves it
+(issue 42, attack 4). With the flag, a client that declared elicitation is asked
+(skill, tool, arguments): accept approves and the write runs, decline rejects
+it, both recorded as `by: mcp-client:<client name>`. A client without
+elicitation is told at once how to approve, and the invocation stays parked.
 """
 
 from __future__ import annotations
@@ -55,16 +57,22 @@ def fleet(redis_url: str, start_worker: Callable[..., Worker]) -> str:
 
 @asynccontextmanager
 async def _session(
-    broker: str, errlog: Any, elicitation: ElicitationFnT | None
+    broker: str,
+    errlog: Any,
+    elicitation: ElicitationFnT | None,
+    *,
+    approve_over_mcp: bool = True,
+    client_name: str = CLIENT_NAME,
 ) -> AsyncIterator[ClientSession]:
-    """`cleveragents mcp serve --allow-writes` over stdio, with or without elicitation."""
+    """`cleveragents mcp serve --allow-writes [--approve-over-mcp]` over stdio."""
+    opt_in = ["--approve-over-mcp"] if approve_over_mcp else []
     params = StdioServerParameters(
         command=CLEVERAGENTS,
-        args=["mcp", "serve", "--allow-writes"],
+        args=["mcp", "serve", "--allow-writes", *opt_in],
         env=serve_env(broker, CLEVERAGENTS_CATALOGUE=CATALOGUE),
         cwd=REPO,
     )
-    info = types.Implementation(name=CLIENT_NAME, version="1.0")
+    info = types.Implementation(name=client_name, version="1.0")
     async with (
         stdio_client(params, errlog=errlog) as (read, write),
         ClientSession(read, write, elicitation_callback=elicitation, client_info=info) as session,
@@ -80,6 +88,9 @@ def _call(
     arguments: dict[str, Any],
     elicitation: ElicitationFnT | None,
     then: Callable[[], Awaitable[None]] | None = None,
+    *,
+    approve_over_mcp: bool = True,
+    client_name: str = CLIENT_NAME,
 ) -> tuple[types.CallToolResult, float]:
     """Call `test/send-payment` once: its result, and how long the call took (seconds).
 
@@ -88,7 +99,10 @@ def _call(
 
     async def scenario() -> tuple[types.CallToolResult, float]:
         with (tmp_path / "serve.log").open("w") as errlog:
-            async with _session(broker, errlog, elicitation) as session:
+            async with _session(
+                broker, errlog, elicitation, approve_over_mcp=approve_over_mcp,
+                client_name=client_name,
+            ) as session:
                 started = time.monotonic()
                 with anyio.fail_after(90):
                     result = await session.call_tool(_tool_name(), arguments)
@@ -152,12 +166,12 @@ def test_an_accepted_elicitation_approves_and_the_write_runs(
     for named in (SKILL, PAY, '"key": "pay-1"', json.dumps(str(log))):
         assert named in question.message, (named, question.message)
     assert question.requested_schema["properties"]["reason"]["type"] == "string"
-    # Their answer is the decision, by the MCP client's name.
+    # Their answer is the decision, by the MCP client program's name.
     request_id = _request_id(result)
     assert request_id in question.message
     _, decision = client.approval(request_id)
     assert decision is not None
-    assert (decision.outcome, decision.by) == ("approved", f"mcp:{CLIENT_NAME}")
+    assert (decision.outcome, decision.by) == ("approved", f"mcp-client:{CLIENT_NAME}")
     assert decision.reason == "invoice 42 checked"
 
 
@@ -184,7 +198,47 @@ def test_a_declined_or_cancelled_elicitation_rejects_and_nothing_runs(
     assert _payments(log) == []
     _, decision = client.approval(_request_id(result))
     assert decision is not None
-    assert (decision.outcome, decision.by) == ("rejected", f"mcp:{CLIENT_NAME}")
+    assert (decision.outcome, decision.by) == ("rejected", f"mcp-client:{CLIENT_NAME}")
+
+
+def test_without_the_opt_in_a_client_that_accepts_everything_cannot_approve_its_own_write(
+    fleet: str, client: SkillClient, tmp_path: Path
+) -> None:
+    # Given a server without --approve-over-mcp, and a client that names itself after a
+    # person and would accept any question it were asked
+    log = tmp_path / "payments.jsonl"
+    asked: list[types.ElicitRequestFormParams] = []
+    accept_all = _answering("accept", {"reason": "looks fine"}, asked)
+    arguments = {"log": str(log), "key": "pay-5000000"}
+
+    # When it calls a write that needs approval
+    result, took = _call(
+        fleet, tmp_path, arguments, accept_all, approve_over_mcp=False, client_name="alice"
+    )
+
+    # Then it is never asked, and the answer says how a person approves it, and not to retry
+    request_id = _request_id(result)
+    assert asked == []
+    assert took < 30, took
+    assert result.is_error is True
+    text = text_of(result)
+    assert f"cleveragents approvals approve {request_id}" in text
+    assert "approver role" in text
+    assert "do not call this tool again" in text
+    structured = _structured(result)
+    assert structured["state"] == "awaiting_approval"
+    assert structured["request_id"] == request_id
+    assert structured["approve"] == f"cleveragents approvals approve {request_id}"
+    assert structured["approved_by"] == "a person holding the approver role"
+    assert structured["call_again"] is False
+    # ... and the call stays parked, undecided, not run, with no decision in the trail
+    assert request_id in [parked.request_id for parked in client.approvals()]
+    _, decision = client.approval(request_id)
+    assert decision is None
+    assert client.state(request_id) == STATE_AWAITING_APPROVAL
+    assert _payments(log) == []
+    events = [event["event"] for event in client.audit(request_id=request_id)]
+    assert not {"approved", "rejected", "started", "succeeded"} & set(events), events
 
 
 def test_a_client_without_elicitation_is_told_how_to_approve_and_the_call_stays_parked(

@@ -322,3 +322,66 @@ def test_the_mcp_token_is_read_with_the_settings_and_never_shown() -> None:
     assert "s3cret" not in repr(settings)
     assert "s3cret" not in repr(ServeOptions(token=settings.mcp_token))
     assert Settings.from_env({}).mcp_token is None
+
+
+class _AskedSession:
+    """A session whose client, named ``alice``, accepts every question it is asked."""
+
+    def __init__(self) -> None:
+        self.client_params = types.InitializeRequestParams(
+            protocol_version="2025-06-18",
+            capabilities=types.ClientCapabilities(),
+            client_info=types.Implementation(name=" alice ", version="1"),
+        )
+        self.asked: list[str] = []
+
+    async def elicit_form(self, message: str, schema: Any, **kwargs: Any) -> types.ElicitResult:
+        self.asked.append(message)
+        return types.ElicitResult(action="accept", content={"reason": "fine"})
+
+
+class _Decisions:
+    """A client double that records the decisions it is asked to write."""
+
+    def __init__(self) -> None:
+        self.approved: list[tuple[str, dict[str, Any]]] = []
+
+    def approve(self, request_id: str, **kwargs: Any) -> None:
+        self.approved.append((request_id, kwargs))
+
+
+def test_an_accepted_question_approves_the_digest_of_what_it_showed_by_the_client_name(
+    table: ToolTable,
+) -> None:
+    from cleveragents.mcp.approval_prompt import Approver
+    from cleveragents.pipeline.binding import content_digest
+    from cleveragents.runtime.request import SkillInvocationRequest
+
+    route = table.route("local_notes__local_write-note")
+    assert route is not None
+    shown = {"title": "t", "body": "b"}
+    request = SkillInvocationRequest(skill=route.skill, tool=route.tool, arguments=shown)
+    context = _Context()
+    session = _AskedSession()
+    context.session = cast(Any, session)
+    cast(Any, context).request_id = 7
+    decisions = _Decisions()
+
+    approver = Approver(cast(Any, context), cast(SkillClient, decisions), route, request)
+    anyio.run(approver.ask)
+
+    (question,) = session.asked
+    assert '"title": "t"' in question
+    assert decisions.approved == [
+        (
+            request.request_id,
+            {
+                "digest": content_digest(
+                    {"skill": route.skill, "tool": route.tool, "arguments": shown}
+                ),
+                "by": "mcp-client:alice",
+                "reason": "fine",
+            },
+        )
+    ]
+    assert approver.failed is False
