@@ -106,7 +106,12 @@ class ApprovalDesk:
             ApprovalError: nothing waits under the id, it was decided or expired, it is
                 no longer ``digest``, or its record does not match its own digest.
         """
-        record, _ = self.show(request_id)
+        record, _ = self.store.get(request_id)
+        if record is None:
+            raise ApprovalError(
+                f"no invocation {request_id} awaits approval (`cleveragents approvals list` "
+                "shows those that do)"
+            )
         shown = content_digest(record.body)
         if shown != record.digest:  # a record changed by hand: not what any worker parked
             raise ApprovalError(
