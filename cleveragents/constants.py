@@ -36,7 +36,7 @@ BIND_KEY_PREFIX = "cleveragents:bind:"
 #: by its producer at submit (``cleveragents.batch.seal``).
 SEAL_KEY_PREFIX = "cleveragents:seal:"
 #: Prefix of a tool's fleet-wide limits: its running slots and its window of starts
-#: (``cleveragents.pipeline.limits``).
+#: (``cleveragents.pipeline.quotas``).
 LIMIT_KEY_PREFIX = "cleveragents:limit:"
 #: Prefix of an invocation's cancel mark: a worker that finds it never starts the run.
 CANCEL_KEY_PREFIX = "cleveragents:cancel:"

@@ -36,7 +36,7 @@ from cleveragents.constants import (
 )
 from cleveragents.skills import SkillResult
 from cleveragents.stores import MetricCounts, MetricStore, RedisMetricStore
-from cleveragents.stores.redis_memory import read_memory
+from cleveragents.stores.redis_capacity import read_memory
 
 __all__ = [
     "BUCKETS",

@@ -23,7 +23,7 @@ from kombu.utils.url import maybe_sanitize_url
 from cleveragents.cli.render import CliFailure
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
-from cleveragents.stores.redis_memory import redis_py_url
+from cleveragents.stores.redis_capacity import redis_py_url
 from cleveragents.traces.carriers import carrier_of
 
 __all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]

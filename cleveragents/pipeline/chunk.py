@@ -47,11 +47,11 @@ from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.pipeline.binding import content_digest, reused_result
 from cleveragents.pipeline.invocation import Pipeline
-from cleveragents.pipeline.limits import Permit
 from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime.outcomes import text_field
 from cleveragents.runtime.text import lone_surrogate
 from cleveragents.skills import SkillResult
+from cleveragents.stores.quotas import Permit
 
 __all__ = [
     "FIRST_GROUP",

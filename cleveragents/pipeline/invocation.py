@@ -13,7 +13,7 @@ from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.pipeline.audit_trail import WriteTrail
 from cleveragents.pipeline.binding import cancelled_result, content_digest, reused_result
 from cleveragents.pipeline.guard import Guard
-from cleveragents.pipeline.limits import LimitGate, Permit, limit_key
+from cleveragents.pipeline.quotas import take_limits
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
 from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite, RunHooks
@@ -22,6 +22,7 @@ from cleveragents.skills import Catalogue, SkillResult, ToolSpec
 from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import ResultStore, StartedMark, Stores
 from cleveragents.stores.audit import AuditLog
+from cleveragents.stores.quotas import LimitGate, Permit
 
 __all__ = ["Delivered", "Observer", "Pipeline", "execute"]
 
@@ -105,25 +106,9 @@ class Pipeline:
     def take_limits(self, found: ToolPolicies) -> float | list[Permit]:
         """Places under the tool's limits and its skill's: permits, or the seconds to
         wait before asking again (nothing held)."""
-        tool = found.tool
-        taken: list[Permit] = []
         if self.limit_gate is None:
-            return taken
-        wanted = [
-            (limit_key(found.skill, None), found.skill_limits),
-            (limit_key(found.skill, tool.name), tool.limits),
-        ]
-        for key, limits in wanted:
-            if not limits:
-                continue
-            outcome = self.limit_gate.take(key, limits)
-            if isinstance(outcome, float):
-                for permit in taken:
-                    permit.release()
-                self.on_wait(found.skill, tool.name, outcome)
-                return outcome
-            taken.append(outcome)
-        return taken
+            return []
+        return take_limits(self.limit_gate, found, self.on_wait)
 
     def run(
         self,

@@ -22,7 +22,6 @@ from cleveragents.errors import (
 from cleveragents.runtime.deadline import ToolTimeout
 from cleveragents.runtime.gating import check_write_gates
 from cleveragents.runtime.kinds import run_tool
-from cleveragents.runtime.limits import MAX_OUTPUT_BYTES, default_output_limit, output_limit
 from cleveragents.runtime.outcomes import (
     WRITE_NOT_STARTED,
     WRITE_UNKNOWN,
@@ -32,6 +31,7 @@ from cleveragents.runtime.outcomes import (
     with_write_outcome,
 )
 from cleveragents.runtime.output import ToolOutput
+from cleveragents.runtime.output_limit import MAX_OUTPUT_BYTES, default_output_limit, output_limit
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.runtime.text import holds_lone_surrogate, lone_surrogate
 from cleveragents.runtime.validation import validate
@@ -289,7 +289,7 @@ def _check_changes(changes: Any) -> list[dict[str, Any]]:
 def _run(
     entry: ResolvedToolEntry, arguments: dict[str, Any], timeout_s: float, max_output_bytes: int
 ) -> tuple[Any, list[dict[str, Any]]]:
-    with output_limit(max_output_bytes):  # what the kinds read (runtime/limits.py)
+    with output_limit(max_output_bytes):  # what the kinds read (runtime/output_limit.py)
         value = run_tool(entry.tool, arguments, timeout_s)
     if isinstance(value, ToolOutput):
         return value.data, _check_changes(value.resource_changes)

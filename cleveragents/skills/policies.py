@@ -7,7 +7,7 @@ failure is retried, and a write only when its tool is ``idempotent``
 
 ``limits: {concurrency: N, rate: "N/s" | "N/m" | "N/h"}``: across every worker that
 shares the broker, at most N runs at once, and at most N starts in any sliding window
-of that length (``cleveragents.pipeline.limits``). A skill may declare ``limits`` too,
+of that length (``cleveragents.pipeline.quotas``). A skill may declare ``limits`` too,
 shared by all its tools.
 """
 

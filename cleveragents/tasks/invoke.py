@@ -17,12 +17,12 @@ from cleveragents.constants import TASK_INVOKE
 from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
 from cleveragents.pipeline import Pipeline
 from cleveragents.pipeline.binding import REASON_CANCELLED, REASON_REUSED
-from cleveragents.pipeline.limits import Permit
 from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime.pauses import pause_clock
 from cleveragents.skills import SkillResult
 from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
+from cleveragents.stores.quotas import Permit
 from cleveragents.tasks.events import tell_flower_later
 from cleveragents.tasks.queue_gate import writes_as_queued
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key

@@ -33,9 +33,9 @@ from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
 from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.kinds import command as command_tool
-from cleveragents.runtime.limits import set_default_output_limit
+from cleveragents.runtime.output_limit import set_default_output_limit
 from cleveragents.settings import Settings
-from cleveragents.stores.redis_memory import EvictingRedis, check_eviction
+from cleveragents.stores.redis_capacity import EvictingRedis, check_eviction
 from cleveragents.worker import reconnect_log, state, time_limits
 from cleveragents.worker.consumer import check_steps
 from cleveragents.worker.process_privacy import make_undumpable
@@ -83,7 +83,7 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
 
 
 def _check_redis_memory(settings: Settings, result_backend: Any) -> None:
-    # Each Redis the worker uses must not evict keys (stores/redis_memory.py).
+    # Each Redis the worker uses must not evict keys (stores/redis_capacity.py).
     urls = [
         url
         for url in (settings.broker_url, str(result_backend or ""))
@@ -185,7 +185,7 @@ def _start_key_sweep(sender: Any = None, **_: Any) -> None:
 
 @worker_ready.connect
 def _start_memory_watch(sender: Any = None, **_: Any) -> None:
-    # Warns before the results' Redis reaches its maxmemory (stores/redis_memory.py).
+    # Warns before the results' Redis reaches its maxmemory (stores/redis_capacity.py).
     try:
         state.start_memory_watch(sender.app)
     except Exception as exc:  # never keeps a worker from serving

@@ -18,14 +18,14 @@ from cleveragents.constants import (
 )
 from cleveragents.metrics import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
-from cleveragents.pipeline.limits import FileLimitGate, LimitGate, RedisLimitGate
 from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.runtime.outcomes import names_of
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import RedisGuardStore, open_stores
 from cleveragents.stores.key_sweep import KeySweep
-from cleveragents.stores.redis_memory import MemoryWatch
+from cleveragents.stores.quotas import FileLimitGate, LimitGate, RedisLimitGate
+from cleveragents.stores.redis_capacity import MemoryWatch
 from cleveragents.traces.switch import tracing_on
 from cleveragents.worker.approval_sweep import ApprovalSweep
 from cleveragents.worker.invocation_report import WorkerObserver

@@ -240,7 +240,7 @@ def test_the_reach_check_reads_celerys_tls_spelling_and_leaves_other_urls_to_the
     redis_url: str,
 ) -> None:
     from cleveragents.cli.broker_check import _ping
-    from cleveragents.stores.redis_memory import redis_py_url as _redis_py_url
+    from cleveragents.stores.redis_capacity import redis_py_url as _redis_py_url
 
     url = "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=CERT_REQUIRED"
     assert _redis_py_url(url) == "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=required"

@@ -33,13 +33,13 @@ from cleveragents.constants import QUEUE_READ, TASK_INVOKE
 from cleveragents.messages import result_payload
 from cleveragents.metrics import MetricsRecorder, render
 from cleveragents.pipeline.binding import content_digest
-from cleveragents.pipeline.limits import Permit, RedisLimitGate
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType, SkillResult
 from cleveragents.skills.policies import Limits
 from cleveragents.stores import Claim, RedisGuardStore, StartedMark, open_stores
+from cleveragents.stores.quotas import Permit, RedisLimitGate
 from tests.support.acl_roles import compose_worker, producer_client, role_app
 from tests.support.composefile import (
     REDIS_ADMIN,

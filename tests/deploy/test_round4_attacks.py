@@ -33,8 +33,8 @@ from cleveragents.constants import (
     TASK_INVOKE,
 )
 from cleveragents.pipeline.binding import content_digest
-from cleveragents.pipeline.limits import Permit, RedisLimitGate
 from cleveragents.skills.policies import Limits
+from cleveragents.stores.quotas import Permit, RedisLimitGate
 from tests.support.acl_roles import compose_worker, producer_client, role_app
 from tests.support.composefile import RedisWithUsers, _program, _subprocess_env
 from tests.support.procs import wait_until

@@ -30,8 +30,8 @@ from cleveragents.client import SkillClient
 from cleveragents.runtime import invoke
 from cleveragents.runtime.kinds.mcp_bounds import Meter, OverLimit, on_the_wire
 from cleveragents.runtime.kinds.mcp_sessions import close_sessions, sessions
-from cleveragents.runtime.limits import default_output_limit, set_default_output_limit
 from cleveragents.runtime.outcomes import failed_with
+from cleveragents.runtime.output_limit import default_output_limit, set_default_output_limit
 from cleveragents.settings import Settings
 from cleveragents.skills import (
     Catalogue,

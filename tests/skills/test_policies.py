@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from cleveragents.pipeline import Pipeline
-from cleveragents.pipeline.limits import FileLimitGate, Permit
 from cleveragents.skills import Catalogue
 from cleveragents.skills.policies import Limits, RetryPolicy
 from cleveragents.stores import Stores
+from cleveragents.stores.quotas import FileLimitGate, Permit
 
 TOOL = """\
 name: test/p

@@ -25,8 +25,8 @@ import redis
 
 from cleveragents.client import SkillClient
 from cleveragents.metrics import render
-from cleveragents.pipeline.limits import FileLimitGate, Permit
 from cleveragents.skills.policies import Limits
+from cleveragents.stores.quotas import FileLimitGate, Permit
 from tests.conftest import Broker
 from tests.support.procs import Worker, kill_group, wait_until
 
@@ -147,7 +147,7 @@ def test_the_embedded_gate_holds_across_processes_and_forgets_a_dead_one(tmp_pat
     child = subprocess.run(
         [sys.executable, "-c", (
             "import sys; from pathlib import Path; "
-            "from cleveragents.pipeline.limits import FileLimitGate; "
+            "from cleveragents.stores.quotas import FileLimitGate; "
             "from cleveragents.skills.policies import Limits; "
             "p = FileLimitGate(Path(sys.argv[1])).take('k', Limits(concurrency=1)); "
             "print(type(p).__name__)"

@@ -42,8 +42,8 @@ from cleveragents.errors import (
     TransientToolError,
 )
 from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
-from cleveragents.runtime.limits import max_output_bytes
 from cleveragents.runtime.output import ToolOutput
+from cleveragents.runtime.output_limit import max_output_bytes
 from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 

@@ -47,7 +47,7 @@ from cleveragents.runtime.kinds.mcp_sessions import (
     ServerUnavailable,
     sessions,
 )
-from cleveragents.runtime.limits import max_output_bytes
+from cleveragents.runtime.output_limit import max_output_bytes
 from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 from cleveragents.traces.carriers import current_carrier

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import httpx2
 
-from cleveragents.runtime.limits import default_output_limit
+from cleveragents.runtime.output_limit import default_output_limit
 
 __all__ = ["IDENTITY", "Meter", "OverLimit", "bound_http"]
 

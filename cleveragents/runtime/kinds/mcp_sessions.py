@@ -47,7 +47,7 @@ from cleveragents.runtime.kinds.command import BASE_ENV, scratch_folder
 from cleveragents.runtime.kinds.command import KIND as COMMAND_KIND
 from cleveragents.runtime.kinds.mcp_bounds import IDENTITY, Meter, bound_http
 from cleveragents.runtime.kinds.mcp_stdio import stdio_transport
-from cleveragents.runtime.limits import default_output_limit
+from cleveragents.runtime.output_limit import default_output_limit
 
 __all__ = [
     "CLOSE_TIMEOUT_S",

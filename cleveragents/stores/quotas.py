@@ -1,4 +1,6 @@
-"""Fleet-wide limits of a tool: at most N runs at once, at most N starts per window.
+"""Where a tool's fleet-wide limits are kept: the gates (Redis, or a file on the embedded default).
+
+The policy (which limits a delivery takes, and in what order) is ``pipeline/quotas.py``.
 
 One Lua script per check, in the Redis beside the results (every worker of a role
 that shares the broker shares it: write workers one set of keys, read-only workers
@@ -39,7 +41,7 @@ from cleveragents.skills.policies import Limits
 from cleveragents.stores.redis_retry import retrying
 from cleveragents.stores.resp import Arg, Script
 
-__all__ = ["FileLimitGate", "LimitGate", "Permit", "RedisLimitGate", "limit_key"]
+__all__ = ["FileLimitGate", "LimitGate", "Permit", "RedisLimitGate", "kept_for"]
 
 #: The shortest and longest wait of an invocation refused for want of a concurrency
 #: slot: a slot frees when a run ends, which nothing announces.
@@ -113,11 +115,6 @@ def kept_for(window_s: float) -> float:
     ones: 7 starts in one second of a "5/s" tool were seen without it.
     """
     return window_s + min(window_s * WINDOW_MARGIN, 1.0) if window_s else 0.0
-
-
-def limit_key(skill: str, tool: str | None) -> str:
-    """Whose limit: a tool's own, or its skill's (``tool`` None), shared by its tools."""
-    return f"{skill}|{tool}" if tool is not None else skill
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A worker refuses a Redis that evicts keys and warns before one fills (stores/redis_memory.py)."""
+"""A worker refuses a Redis that evicts keys and warns before one fills (redis_capacity.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from cleveragents.metrics import render
-from cleveragents.stores.redis_memory import (
+from cleveragents.stores.redis_capacity import (
     WARN_EVERY_S,
     MemoryWatch,
     RedisMemory,
