@@ -43,15 +43,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.pipeline.binding import content_digest, reused_result
+from cleveragents.pipeline.delivery import PARKED, RETRY, WAIT, Delivery
 from cleveragents.pipeline.invocation import Pipeline
-from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime.outcomes import text_field
 from cleveragents.runtime.text import lone_surrogate
 from cleveragents.skills import SkillResult
-from cleveragents.stores.quotas import Permit
 
 __all__ = [
     "FIRST_GROUP",
@@ -248,8 +246,6 @@ class _Slice:
         self.careful = careful
         self.pending: list[tuple[str, SkillResult]] = []
         self.seen: set[str] = set()
-        #: Ids whose result is another run's finished write (not observed again here).
-        self.elsewhere: set[str] = set()
         self.ran = self.skipped = 0
 
     def run_group(self, bodies: Sequence[Any], offset: int, clock: _Clock) -> int:
@@ -273,8 +269,6 @@ class _Slice:
             if result is None:  # sent back to wait: its result comes from that message
                 self.ran += 1
                 continue
-            if rid not in self.elsewhere:
-                self.pipeline.observe(rid, result)
             if not result.success and self.report is not None:
                 runtime = time.monotonic() - began
                 self.failures.append(ItemFailure(index, rid, body, result, started, runtime))
@@ -302,42 +296,24 @@ class _Slice:
     def _run_line(self, body: Any, rid: str) -> SkillResult | None:
         """One line's result; None where it went back to the broker on its own, to wait
         for its tool's limits or for its retry, or waits for approval (a chunk never
-        waits on one line)."""
-        found = self.pipeline.policy_tool(body) if self.defer is not None else None
-        permits: list[Permit] = []
-        if found is not None and found.limited:
-            taken = self.pipeline.take_limits(found)
-            if isinstance(taken, float):
-                assert self.defer is not None
-                self.defer(body, rid, taken, False)
-                return None
-            permits = taken
-        try:
-            delivered = self.pipeline.run_delivery(
-                body,
-                rid,
-                redelivered=self.careful,
-                chunk_item=True,
-                asked_by=self.sender.asked_by,
-                trace=self.sender.trace,
-            )
-        except AwaitingApproval:  # parked: its result comes from the delivery a decision sends
+        waits on one line). What becomes of it is the pipeline's to decide."""
+        delivery = Delivery(
+            body,
+            rid,
+            redelivered=self.careful,
+            chunk_item=True,
+            asked_by=self.sender.asked_by,
+            trace=self.sender.trace,
+            may_send_back=self.defer is not None,
+        )
+        outcome = self.pipeline.deliver(delivery)
+        if outcome.kind in (WAIT, RETRY):
+            assert self.defer is not None
+            self.defer(body, rid, outcome.delay_s, outcome.kind == RETRY)
             return None
-        finally:
-            for permit in permits:
-                permit.release()
-        result = delivered.result
-        if delivered.elsewhere:  # another run's write: that run counted and logged it
-            self.elsewhere.add(rid)
-        if found is None or found.tool.retry is None:
-            return with_attempts(result, 1)
-        delay = retry_delay_s(found.tool, result, 1)
-        if delay is None:
-            return with_attempts(result, 1)
-        assert self.defer is not None
-        self.pipeline.observe(rid, retried(result, 1))
-        self.defer(body, rid, delay, True)
-        return None
+        if outcome.kind == PARKED:  # its result comes from the delivery a decision sends
+            return None
+        return outcome.result
 
     def _bound_elsewhere(self, bodies: Sequence[Any], ids: list[str]) -> set[str]:
         """Ids bound to other content: run nothing, store nothing (``pipeline/binding.py``)."""

@@ -1,4 +1,8 @@
-"""``execute``: one delivered invocation through the guard and the runtime, then observed."""
+"""The pipeline: one delivered invocation through its policies, the guard and the runtime.
+
+``Pipeline.deliver`` decides what becomes of a delivery (``pipeline/delivery.py``);
+``execute`` runs one where nothing can send it back (tests, in-process use).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,26 @@ from typing import Any, NamedTuple
 from cleveragents.approvals.gate import ApprovalGate
 from cleveragents.approvals.model import AwaitingApproval
 from cleveragents.pipeline.audit_trail import WriteTrail
-from cleveragents.pipeline.binding import cancelled_result, content_digest, reused_result
+from cleveragents.pipeline.binding import (
+    REASON_CANCELLED,
+    REASON_REUSED,
+    cancelled_result,
+    content_digest,
+    reused_result,
+)
+from cleveragents.pipeline.delivery import (
+    ANSWERED,
+    DROPPED,
+    PARKED,
+    RAN,
+    RETRY,
+    WAIT,
+    Delivery,
+    Outcome,
+)
 from cleveragents.pipeline.guard import Guard
 from cleveragents.pipeline.quotas import take_limits
+from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
 from cleveragents.runtime import invoke as run_invocation
 from cleveragents.runtime.invoke import MAX_TIMEOUT_S, BeforeWrite, RunHooks
@@ -24,7 +45,7 @@ from cleveragents.stores import ResultStore, StartedMark, Stores
 from cleveragents.stores.audit import AuditLog
 from cleveragents.stores.quotas import LimitGate, Permit
 
-__all__ = ["Delivered", "Observer", "Pipeline", "execute"]
+__all__ = ["Delivered", "DeliveryNotRun", "Observer", "Pipeline", "execute"]
 
 #: Told of every finished invocation (a worker logs its line and counts it).
 Observer = Callable[[str, SkillResult], None]
@@ -119,6 +140,7 @@ class Pipeline:
         first: bool = True,
         asked_by: str | None = None,
         trace: Mapping[str, str] | None = None,
+        found: ToolPolicies | Exception | None = None,
     ) -> SkillResult:
         """Run one decoded request body through the runtime with this process's policy.
 
@@ -145,6 +167,7 @@ class Pipeline:
                 max_timeout_s=self.max_timeout_s,
                 before_write=before_write,
                 hooks=hooks,
+                found=found.found if isinstance(found, ToolPolicies) else found,
             )
         except AwaitingApproval:
             if trails:
@@ -228,35 +251,69 @@ class Pipeline:
             started.write()
         return None
 
-    def run_guarded(
-        self,
-        body: Any,
-        request_id: str,
-        *,
-        redelivered: bool,
-        chunk_item: bool = False,
-        resent: str = "",
-        asked_by: str | None = None,
-        trace: Mapping[str, str] | None = None,
-    ) -> SkillResult:
-        """Run one delivery under the guard: counted, its write claimed, perhaps not run at all.
+    def deliver(self, delivery: Delivery) -> Outcome:
+        """What becomes of one delivery, decided once (``pipeline/delivery.py``): limits
+        taken, the answer that needs no run, the guarded run, permits given back, the
+        retry decided, the outcome observed."""
+        body, request_id = delivery.body, delivery.request_id
+        looked = self.catalogue.lookup(*_names(body))
+        found = looked if isinstance(looked, ToolPolicies) else None
+        permits: list[Permit] = []
+        if found is not None and found.limited and delivery.may_send_back:
+            taken = self.take_limits(found)
+            if isinstance(taken, float):
+                return Outcome(WAIT, delay_s=taken, found=found)
+            permits = taken
+        try:
+            if not delivery.chunk_item:
+                answer = self.answered(body, request_id, delivery.started)
+                if answer is not None:
+                    return self._answer(request_id, answer, found)
+            delivered = self.run_delivery(
+                body,
+                request_id,
+                redelivered=delivery.redelivered,
+                chunk_item=delivery.chunk_item,
+                resent=delivery.resent,
+                asked_by=delivery.asked_by,
+                trace=delivery.trace,
+                found=looked,
+            )
+        except AwaitingApproval as parked:  # no process waits: a decision sends it again
+            return Outcome(PARKED, resolution=parked.resolution, found=found)
+        finally:
+            for permit in permits:
+                permit.release()
+        return self._ran(delivery, delivered, found)
 
-        ``resent`` tells a message sent back to the broker (a retry, a wait for a limit)
-        from the others under its id (``tasks/resend.py``). ``asked_by``: who sent it;
-        ``trace``: the trace context its message carried.
+    def _answer(self, request_id: str, answer: SkillResult, found: ToolPolicies | None) -> Outcome:
+        """A delivery answered without a run: cancelled (its answer is stored), its id bound
+        to other content (observed, never stored), or finished already (nothing to do)."""
+        reason = answer.error.details.get("reason") if answer.error is not None else None
+        if reason == REASON_CANCELLED:
+            self.observe(request_id, answer)
+            return Outcome(ANSWERED, answer, found=found)
+        if reason == REASON_REUSED:
+            self.observe(request_id, answer)
+        return Outcome(ANSWERED, answer, stored=True, found=found)
 
-        Raises:
-            AwaitingApproval: its tool needs a person's approval; it is parked.
-        """
-        return self.run_delivery(
-            body,
-            request_id,
-            redelivered=redelivered,
-            chunk_item=chunk_item,
-            resent=resent,
-            asked_by=asked_by,
-            trace=trace,
-        ).result
+    def _ran(self, delivery: Delivery, delivered: Delivered, found: ToolPolicies | None) -> Outcome:
+        """The outcome of a run: dropped, retried later, or its result (observed)."""
+        result, attempt = delivered.result, delivery.attempt
+        check = delivery.finished_elsewhere
+        if check is not None and check(result):
+            return Outcome(DROPPED, result, found=found)
+        tool = found.tool if found is not None else None
+        if tool is not None and tool.retry is not None and delivery.may_send_back:
+            delay = retry_delay_s(tool, result, attempt)
+            if delay is not None:  # back to the broker: no process waits for it
+                self.observe(delivery.request_id, retried(result, attempt))
+                return Outcome(RETRY, result, delay_s=delay, found=found)
+        if not _cancelled(result):
+            result = with_attempts(result, attempt)
+        if not delivered.elsewhere:
+            self.observe(delivery.request_id, result)
+        return Outcome(RAN, result, elsewhere=delivered.elsewhere, found=found)
 
     def run_delivery(
         self,
@@ -268,9 +325,15 @@ class Pipeline:
         resent: str = "",
         asked_by: str | None = None,
         trace: Mapping[str, str] | None = None,
+        found: ToolPolicies | Exception | None = None,
     ) -> Delivered:
-        """``run_guarded``, saying whether the result is another run's: a write that run
-        finished, which that run counted and logged (observe it only when it is not)."""
+        """Run one delivery under the guard: counted, its write claimed, perhaps not run at
+        all; and whether the result is another run's (a write that run finished, which
+        that run counted and logged). ``deliver`` is what carriers call.
+
+        Raises:
+            AwaitingApproval: its tool needs a person's approval; it is parked.
+        """
         with self.guard.delivery(
             request_id, body, redelivered=redelivered, chunk_item=chunk_item, resent=resent
         ) as delivery:
@@ -284,6 +347,7 @@ class Pipeline:
                 first=first,
                 asked_by=asked_by,
                 trace=trace,
+                found=found,
             )
             result = delivery.finish(ran)
             return Delivered(result, delivery.elsewhere)
@@ -301,13 +365,33 @@ def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool
 
     ``request_id`` is the message's task id: the guard counts and claims under it.
     A message without one (not our producer's) runs unguarded: there is no id to
-    store its result under anyway.
+    store its result under anyway. The path a worker's task runs (``deliver``), with
+    no carrier to send it back: a delivery that would wait or retry raises
+    ``DeliveryNotRun``, one that parks ``AwaitingApproval``.
     """
     if not request_id:
         result = pipeline.run(body)
         pipeline.observe(request_id, result)
         return result
-    delivered = pipeline.run_delivery(body, request_id, redelivered=redelivered)
-    if not delivered.elsewhere:
-        pipeline.observe(request_id, delivered.result)
-    return delivered.result
+    outcome = pipeline.deliver(Delivery(body, request_id, redelivered=redelivered))
+    if outcome.kind == PARKED and outcome.resolution is not None:
+        raise AwaitingApproval(outcome.resolution)
+    if outcome.result is None or outcome.kind in (WAIT, RETRY):
+        raise DeliveryNotRun(outcome)
+    return outcome.result
+
+
+class DeliveryNotRun(Exception):
+    """Raised by ``execute`` for a delivery that must be sent back or waits for a person."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(f"delivery not run: {outcome.kind}")
+        self.outcome = outcome
+
+
+def _names(body: Any) -> tuple[Any, Any]:
+    return (body.get("skill"), body.get("tool")) if isinstance(body, dict) else (None, None)
+
+
+def _cancelled(result: SkillResult) -> bool:
+    return result.error is not None and result.error.details.get("reason") == REASON_CANCELLED

@@ -393,9 +393,14 @@ def invoke(
     max_output_bytes: int | None = None,
     before_write: BeforeWrite | None = None,
     hooks: RunHooks = _NO_HOOKS,
+    found: tuple[SkillDefinition, ResolvedToolEntry] | Exception | None = None,
 ) -> SkillResult:
     """Run one invocation and return its ``SkillResult``; never raises (but KeyboardInterrupt,
     and ``AwaitingApproval`` from ``hooks``: the invocation was parked).
+
+    ``found``: the catalogue's lookup of the request's skill and tool, where the caller
+    made it already (used only when it names them both: it is not made again), or the
+    error that lookup raised.
 
     Order: resolve the skill, find the tool, apply the write gates, validate the arguments,
     run the tool (stopped at its timeout, never more than ``max_timeout_s``; output over
@@ -411,7 +416,12 @@ def invoke(
     skill, tool = parsed.skill, parsed.tool
     progress = _Progress()
     try:
-        definition, entry = catalogue.find_tool(skill, tool)
+        if isinstance(found, Exception):
+            raise found
+        if found is not None and found[0].skill.name == skill and found[1].tool.name == tool:
+            definition, entry = found
+        else:
+            definition, entry = catalogue.find_tool(skill, tool)
         data, changes = _execute(
             definition,
             entry,

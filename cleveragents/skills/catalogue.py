@@ -53,6 +53,9 @@ class ToolPolicies(NamedTuple):
     tool: ToolSpec
     skill: str
     skill_limits: Limits | None
+    #: The lookup itself (the resolved skill asked for, and the tool's entry in it): it
+    #: travels with the delivery, so that the runtime does not look the tool up again.
+    found: tuple[SkillDefinition, ResolvedToolEntry] | None = None
 
     @property
     def limited(self) -> bool:
@@ -273,14 +276,20 @@ class Catalogue:
     def policies(self, skill: Any, tool: Any) -> ToolPolicies | None:
         """The policies of the tool a request names (any values, as a producer sent
         them); None when there is no such tool (its run says why)."""
+        found = self.lookup(skill, tool)
+        return found if isinstance(found, ToolPolicies) else None
+
+    def lookup(self, skill: Any, tool: Any) -> ToolPolicies | CleverAgentsError | None:
+        """``policies``, or why there is no such tool (the error its run reports), or None
+        when the names are not text (the request itself is refused)."""
         if not isinstance(skill, str) or not isinstance(tool, str):
             return None
         try:
-            _, entry = self.find_tool(skill, tool)
-        except CleverAgentsError:
-            return None
+            definition, entry = self.find_tool(skill, tool)
+        except CleverAgentsError as exc:
+            return exc
         source = entry.source_skill
-        return ToolPolicies(entry.tool, source, self.skill_limits(source))
+        return ToolPolicies(entry.tool, source, self.skill_limits(source), (definition, entry))
 
     def own_tools(self, name: str) -> list[ToolSpec]:
         """The tools skill ``name`` defines itself (not those it includes)."""

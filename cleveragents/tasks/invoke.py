@@ -11,18 +11,14 @@ from typing import Any
 from celery import Task, states
 from celery.exceptions import Ignore, Retry
 
-from cleveragents.approvals.model import AwaitingApproval
+from cleveragents.approvals.model import Resolution
 from cleveragents.broker.redis.result_backend import RedisBackend
 from cleveragents.constants import TASK_INVOKE
 from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
-from cleveragents.pipeline import Pipeline
-from cleveragents.pipeline.binding import REASON_CANCELLED, REASON_REUSED
-from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
+from cleveragents.pipeline.delivery import ANSWERED, DROPPED, PARKED, RETRY, WAIT, Delivery
 from cleveragents.runtime.pauses import pause_clock
 from cleveragents.skills import SkillResult
-from cleveragents.skills.catalogue import ToolPolicies
 from cleveragents.stores import StartedMark
-from cleveragents.stores.quotas import Permit
 from cleveragents.tasks.events import tell_flower_later
 from cleveragents.tasks.queue_gate import writes_as_queued
 from cleveragents.tasks.resend import MAX_LIMIT_WAIT_S, attempt_of, resend, resent_key
@@ -34,8 +30,6 @@ from cleveragents.worker.celery_app import app
 __all__ = ["invoke", "origin", "redelivered"]
 
 log = logging.getLogger("cleveragents.worker")
-#: Ids whose delivery in this process returned another run's finished write (``_run``).
-_elsewhere: set[str] = set()
 
 
 def _request_from_args(args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str) -> Any:
@@ -90,35 +84,54 @@ def invoke(self: Task[Any, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
 def _invoke(
     self: Task[Any, Any], body: Any, task_id: str, record: Recorder | None = None
 ) -> dict[str, Any]:
+    """Translate the pipeline's one decision about this delivery into Celery's terms."""
     pipeline = state.pipeline(self.app.backend)
-    found = pipeline.policy_tool(body) if task_id else None
-    permits = _permits(self, pipeline, found)
+    if not task_id:  # not our producer's: run unguarded, nowhere to store a result
+        result = pipeline.run(body)
+        pipeline.observe(task_id, result)
+        return _answer(self, body, result, record)
     clock, began = pause_clock(), time.monotonic()  # the clock: started once per process
-    try:
-        result = _run(self, pipeline, body, task_id)
-        elsewhere = task_id in _elsewhere
-        _elsewhere.discard(task_id)
-    except AwaitingApproval as parked:  # in the approval store: no process waits for it
-        _say_parked(self, parked)
+    track = self.app.conf.task_track_started
+    delivery = Delivery(
+        body,
+        task_id,
+        redelivered=redelivered(self),
+        resent=resent_key(self),
+        attempt=attempt_of(self),
+        asked_by=origin(self),
+        trace=message_carrier(self),
+        started=_started(self, task_id) if track else None,
+        finished_elsewhere=lambda ran: _finished_elsewhere(
+            self, task_id, clock.paused_since(began), ran
+        ),
+    )
+    outcome = pipeline.deliver(delivery)
+    if outcome.kind == WAIT:  # back to the broker: no process waits for it
+        wait = min(outcome.delay_s, MAX_LIMIT_WAIT_S)
+        tool = outcome.found.tool.name if outcome.found is not None else "its tool"
+        why = f"waiting for the limits of {tool}: asks again in {wait:.1f} s"
+        resend(self, wait, retry=False, why=why)
+        raise Ignore()
+    if outcome.kind == PARKED:  # in the approval store: no process waits for it
+        assert outcome.resolution is not None
+        _say_parked(self, outcome.resolution)
         if record is not None:
             record(None, "awaiting_approval")
-        raise Ignore() from None
-    finally:
-        for permit in permits:
-            permit.release()
-    if task_id and clock.paused_since(began) > 0:
-        _finished_elsewhere(self, task_id, clock.paused_since(began), result)
-    tool = found.tool if found is not None else None
-    attempt = attempt_of(self)
-    if tool is not None and tool.retry is not None:
-        delay = retry_delay_s(tool, result, attempt)
-        if delay is not None:  # back to the broker: no process waits for it
-            _retry_later(self, pipeline, result, attempt, delay)
-    if not _cancelled(result):
-        result = with_attempts(result, attempt)
-    if not elsewhere:
-        pipeline.observe(task_id, result)
-    payload = result_payload(result, task_id)
+        raise Ignore()
+    if outcome.kind == RETRY:
+        assert outcome.result is not None
+        _retry_later(self, outcome.result, delivery.attempt, outcome.delay_s)
+    if outcome.kind == DROPPED or (outcome.kind == ANSWERED and outcome.stored):
+        raise Ignore()  # another result stands, and is never overwritten
+    assert outcome.result is not None
+    return _answer(self, body, outcome.result, record)
+
+
+def _answer(
+    task: Task[Any, Any], body: Any, result: SkillResult, record: Recorder | None
+) -> dict[str, Any]:
+    """The task's return value (a success), or its failure raised for Flower."""
+    payload = result_payload(result, task.request.id or "")
     if record is not None:
         record(result, None)
         payload = with_trace_id(payload)
@@ -131,19 +144,17 @@ def _invoke(
 
 def _finished_elsewhere(
     task: Task[Any, Any], task_id: str, paused: float, ran: SkillResult
-) -> None:
-    """Drop this delivery's result when its worker was paused while it ran and another
-    worker, handed the message meanwhile, has finished the invocation: that result
-    stands (the store never overwrites it), and this one is logged as what it is, not
-    as the tool's outcome (nor counted again). Asked only when the process was paused
-    while it ran (``runtime/pauses.py``).
-
-    Raises:
-        Ignore: another delivery's result is stored.
-    """
+) -> bool:
+    """Whether this delivery's result is dropped: its worker was paused while it ran and
+    another worker, handed the message meanwhile, has finished the invocation. That
+    result stands (the store never overwrites it), and this one is logged as what it is,
+    not as the tool's outcome (nor counted again). Asked only when the process was
+    paused while it ran (``runtime/pauses.py``)."""
+    if paused <= 0:
+        return False
     stored = task.app.backend.get_task_meta(task_id).get("status")
     if stored not in states.READY_STATES:
-        return
+        return False
     log.warning(
         "%s was finished by another worker while this one was paused for %.0f s: its "
         "result (%s) stands; this delivery's (%s) is dropped",
@@ -152,50 +163,7 @@ def _finished_elsewhere(
         stored,
         "success" if ran.success else f"{ran.error.error_type if ran.error else 'failure'}",
     )
-    raise Ignore()
-
-
-def _permits(task: Task[Any, Any], pipeline: Pipeline, found: ToolPolicies | None) -> list[Permit]:
-    """Places under the tool's fleet-wide limits; over them, the message goes back to the
-    broker to wait (the pool process takes the next one) and nothing else happens."""
-    if found is None or not found.limited:
-        return []
-    taken = pipeline.take_limits(found)
-    if isinstance(taken, float):
-        wait = min(taken, MAX_LIMIT_WAIT_S)
-        why = f"waiting for the limits of {found.tool.name}: asks again in {wait:.1f} s"
-        resend(task, wait, retry=False, why=why)
-        raise Ignore()
-    return taken
-
-
-def _run(task: Task[Any, Any], pipeline: Pipeline, body: Any, task_id: str) -> SkillResult:
-    """The delivery's result: an answer that needs no run, or the run's (not observed)."""
-    track = task_id and task.app.conf.task_track_started
-    started = _started(task, task_id) if track else None
-    answer = pipeline.answered(body, task_id, started) if task_id else None
-    if answer is None:
-        if not task_id:
-            return pipeline.run(body)
-        delivered = pipeline.run_delivery(
-            body,
-            task_id,
-            redelivered=redelivered(task),
-            resent=resent_key(task),
-            asked_by=origin(task),
-            trace=message_carrier(task),
-        )
-        if delivered.elsewhere:  # another run's write, counted and logged by that run
-            _elsewhere.add(task_id)
-        return delivered.result
-    reason = answer.error.details.get("reason") if answer.error is not None else None
-    if reason == REASON_CANCELLED:  # stored as its result: whoever waits is answered
-        return answer
-    # Its id answers another request, or this one already: nothing runs, and the
-    # stored result is never overwritten (Ignore stores no state).
-    if reason == REASON_REUSED:
-        pipeline.observe(task_id, answer)
-    raise Ignore()
+    return True
 
 
 def origin(task: Task[Any, Any]) -> str | None:
@@ -204,10 +172,10 @@ def origin(task: Task[Any, Any]) -> str | None:
     return origin[:200] if isinstance(origin, str) and origin else None
 
 
-def _say_parked(task: Task[Any, Any], parked: AwaitingApproval) -> None:
+def _say_parked(task: Task[Any, Any], resolution: Resolution) -> None:
     """Flower shows the invocation as awaiting approval, with the command that approves it."""
-    record = parked.resolution.record
-    if parked.resolution.changed:  # once, when it is parked (not each delivery that finds it)
+    record = resolution.record
+    if resolution.changed:  # once, when it is parked (not each delivery that finds it)
         log.info(
             "%s (%s / %s) waits for approval until %s: cleveragents approvals approve %s",
             record.request_id,
@@ -223,16 +191,9 @@ def _say_parked(task: Task[Any, Any], parked: AwaitingApproval) -> None:
     )
 
 
-def _cancelled(result: SkillResult) -> bool:
-    return result.error is not None and result.error.details.get("reason") == REASON_CANCELLED
-
-
-def _retry_later(
-    task: Task[Any, Any], pipeline: Pipeline, result: SkillResult, attempt: int, delay: float
-) -> None:
+def _retry_later(task: Task[Any, Any], result: SkillResult, attempt: int, delay: float) -> None:
     """Send the next attempt back to the broker with ``delay``; this one stores RETRY."""
     task_id = task.request.id or ""
-    pipeline.observe(task_id, retried(result, attempt))
     error = result.error
     said = f" ({error.error_type.value})" if error is not None else ""
     why = f"attempt {attempt} failed{said}; attempt {attempt + 1} in {delay:.1f} s"
