@@ -1,10 +1,12 @@
-"""The invocation pipeline: a delivered message in, a stored ``SkillResult`` out.
+"""The invocation pipeline: a delivery in, one decided outcome out.
 
-``execute`` runs one delivery of one invocation under the guard (attempts, write
-claims) through the runtime and reports it to an observer; ``execute_chunk``
-runs a batch chunk for one time slice, skipping what is stored, and hands the
-rest to a ``requeue`` callable. Neither knows Celery: the tasks decode a message,
-call one of them and encode the result.
+``Pipeline.deliver`` decides what becomes of one delivery (limits, the id's
+binding, the guard's attempts and write claims, approval, the run, the retry),
+whatever carried it; ``execute`` runs one where nothing can send it back;
+``execute_chunk`` runs a batch chunk for one time slice, each line through
+``deliver``, skipping what is stored, and hands the rest to a ``requeue``
+callable. None knows Celery: the tasks decode a message, call one of them and
+translate the outcome.
 """
 
 from cleveragents.pipeline.chunk import (
@@ -15,12 +17,15 @@ from cleveragents.pipeline.chunk import (
     Sender,
     execute_chunk,
 )
+from cleveragents.pipeline.delivery import Delivery, Outcome
 from cleveragents.pipeline.invocation import Observer, Pipeline, execute
 
 __all__ = [
     "ChunkReport",
+    "Delivery",
     "ItemFailure",
     "Observer",
+    "Outcome",
     "Pipeline",
     "ReportFailures",
     "Requeue",
