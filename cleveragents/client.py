@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
@@ -23,8 +24,7 @@ from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # 
 
 from cleveragents.approvals.desk import ApprovalDesk
 from cleveragents.approvals.model import Decision, Parked
-from cleveragents.batch.api import as_items, results_in_order
-from cleveragents.batch.api import run_many as run_batch
+from cleveragents.batch.batches import Batches
 from cleveragents.broker import internals
 from cleveragents.broker.celery_settings import (
     broker_of,
@@ -433,46 +433,17 @@ class SkillClient:
         """Where background batches keep their ordered request ids."""
         return self.stores.ledger
 
-    def run_many(
-        self,
-        requests: Iterable[SkillInvocationRequest | Mapping[str, Any]],
-        *,
-        chunk_size: int | None = None,
-        reuse: bool = True,
-        batch_id: str | None = None,
-    ) -> Iterator[SkillResult]:
-        """Run many requests in chunks and yield their results in input order, as they are ready.
-
-        Memory stays bounded whatever the number of requests (at most a window of
-        them is in flight). A request whose result is already stored is not run again
-        (``reuse=False`` runs every request). Flower shows the chunks under
-        ``batch_id`` (default: a new id) with their item numbers, ``of N`` when
-        ``requests`` has a length.
-        """
-        total = len(requests) if isinstance(requests, Sized) else None
-        runner = run_batch(
-            self,
-            as_items(requests),
-            reuse=reuse,
-            chunk_size=chunk_size,
-            batch_id=batch_id,
-            total=total,
-        )
-        return results_in_order(runner)
+    @cached_property
+    def batches(self) -> Batches:
+        """Many invocations at once: ``run_many``, ``submit``, ``status``, ``results``."""
+        return Batches(self)
 
     @cached_property
-    def desk(self) -> ApprovalDesk:
-        """Approvals: what waits for a person, and their decisions (docs/approvals.md)."""
-        return ApprovalDesk(self.stores.approvals, self.send)
-
-    def approvals(self) -> list[Parked]:
-        """The invocations waiting for approval, oldest first (without their arguments'
-        values: ``approval`` shows those)."""
-        return self.desk.pending()
-
-    def approval(self, request_id: str) -> tuple[Parked, Decision | None]:
-        """A parked invocation, with its full arguments, and its decision if taken."""
-        return self.desk.show(request_id)
+    def approvals(self) -> ApprovalDesk:
+        """Approvals and the audit trail: ``pending``, ``show``, ``approve``, ``reject``,
+        ``audit`` (docs/approvals.md). Calling it (``client.approvals()``) is the old
+        name of ``client.approvals.pending()``, kept for one release."""
+        return ApprovalDesk(self.stores.approvals, self.send, self.stores.audit)
 
     def approve(
         self,
@@ -484,20 +455,37 @@ class SkillClient:
     ) -> Decision:
         """Approve a parked invocation: it runs once (``ApprovalError`` when it cannot).
 
-        ``digest``: the content digest ``approval`` showed (``content_digest`` of its
-        body), or a prefix of 12 hex digits or more: refused when the call is no longer it.
+        ``digest``: the content digest ``approvals.show`` showed (``content_digest`` of
+        its body), or a prefix of 12 hex digits or more: refused when the call is no
+        longer it. The same as ``client.approvals.approve`` (SPEC section 12 names it).
         """
-        return self.desk.approve(request_id, digest=digest, by=by, reason=reason)
+        return self.approvals.approve(request_id, digest=digest, by=by, reason=reason)
+
+    def run_many(
+        self,
+        requests: Iterable[SkillInvocationRequest | Mapping[str, Any]],
+        **options: Any,
+    ) -> Iterator[SkillResult]:
+        """Deprecated: ``client.batches.run_many`` (kept for one release)."""
+        _deprecated("run_many", "batches.run_many")
+        return self.batches.run_many(requests, **options)
+
+    def approval(self, request_id: str) -> tuple[Parked, Decision | None]:
+        """Deprecated: ``client.approvals.show`` (kept for one release)."""
+        _deprecated("approval", "approvals.show")
+        return self.approvals.show(request_id)
 
     def reject(self, request_id: str, *, reason: str, by: str | None = None) -> Decision:
-        """Reject a parked invocation: it ends as ``permission_denied`` with ``reason``."""
-        return self.desk.reject(request_id, reason=reason, by=by)
+        """Deprecated: ``client.approvals.reject`` (kept for one release)."""
+        _deprecated("reject", "approvals.reject")
+        return self.approvals.reject(request_id, reason=reason, by=by)
 
     def audit(
         self, *, request_id: str | None = None, since: datetime | None = None
     ) -> Iterator[dict[str, str]]:
-        """The audit trail of writes, oldest first (never an argument value)."""
-        return self.stores.audit.read(request_id=request_id, since=since)
+        """Deprecated: ``client.approvals.audit`` (kept for one release)."""
+        _deprecated("audit", "approvals.audit")
+        return self.approvals.audit(request_id=request_id, since=since)
 
     def state(self, request_id: str) -> str:
         """Celery's state of the invocation: PENDING, STARTED, SUCCESS, FAILURE, ..."""
@@ -682,3 +670,11 @@ class SkillClient:
         # state, so a new handle, after a pause
         time.sleep(min(interval, step))
         return None, AsyncResult(request_id, app=self.app)
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"SkillClient.{old} is deprecated: use SkillClient.{new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )

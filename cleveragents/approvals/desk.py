@@ -15,9 +15,11 @@ own digest is the decision's.
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cleveragents.approvals.model import (
@@ -32,6 +34,7 @@ from cleveragents.approvals.model import (
 from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.stores.approvals import ApprovalStore
+from cleveragents.stores.audit import AuditLog
 
 __all__ = ["ApprovalDesk", "local_user"]
 
@@ -54,10 +57,30 @@ def local_user() -> str:
 class ApprovalDesk:
     """Lists, shows and decides parked invocations; ``send`` publishes a request."""
 
-    def __init__(self, store: ApprovalStore, send: Callable[..., Any]) -> None:
+    def __init__(
+        self, store: ApprovalStore, send: Callable[..., Any], audit_log: AuditLog | None = None
+    ) -> None:
         self.store = store
         #: ``send(request, trace=...)`` publishes it, in the trace its record carries.
         self.send = send
+        self.audit_log = audit_log
+
+    def __call__(self) -> list[Parked]:
+        """Deprecated: ``pending()`` (``client.approvals()`` was a method before)."""
+        warnings.warn(
+            "SkillClient.approvals() is deprecated: use SkillClient.approvals.pending()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.pending()
+
+    def audit(
+        self, *, request_id: str | None = None, since: dt.datetime | None = None
+    ) -> Iterator[dict[str, str]]:
+        """The audit trail of writes, oldest first (never an argument value)."""
+        if self.audit_log is None:
+            raise ApprovalError("this desk has no audit trail")
+        return self.audit_log.read(request_id=request_id, since=since)
 
     def pending(self, limit: int = 1000) -> list[Parked]:
         """The invocations that wait for a decision, oldest first."""

@@ -56,7 +56,7 @@ def approvals() -> None:
 def list_approvals(as_json: bool) -> None:
     """List the invocations waiting for approval, oldest first."""
     with cli_client(Settings.from_env()) as client:
-        waiting = client.approvals()
+        waiting = client.approvals.pending()
     now = time.time()
     if as_json:
         for record in waiting:
@@ -86,7 +86,7 @@ def list_approvals(as_json: bool) -> None:
 def show_approval(request_id: str, as_json: bool) -> None:
     """Show what ID asks: its skill, tool and full arguments, and any decision."""
     with cli_client(Settings.from_env()) as client:
-        record, decision = _or_fail(lambda: client.approval(request_id))
+        record, decision = _or_fail(lambda: client.approvals.show(request_id))
     shown = {
         **record.summary(),
         "digest": content_digest(record.body),
@@ -128,7 +128,7 @@ def approve(request_id: str, digest: str | None, by: str | None, reason: str | N
     """Approve ID: it runs once, with exactly the arguments printed."""
     with cli_client(Settings.from_env()) as client:
         record, decision = _or_fail(
-            lambda: client.desk.approve_shown(request_id, digest=digest, by=by, reason=reason)
+            lambda: client.approvals.approve_shown(request_id, digest=digest, by=by, reason=reason)
         )
     click.echo(f"approved {request_id} (by {decision.by}): {record.skill} / {record.tool} with")
     click.echo(json_text(record.body.get("arguments"), indent=2))
@@ -142,7 +142,7 @@ def approve(request_id: str, digest: str | None, by: str | None, reason: str | N
 def reject(request_id: str, reason: str, by: str | None) -> None:
     """Reject ID: it ends as permission_denied, with your reason."""
     with cli_client(Settings.from_env()) as client:
-        decision = _or_fail(lambda: client.reject(request_id, reason=reason, by=by))
+        decision = _or_fail(lambda: client.approvals.reject(request_id, reason=reason, by=by))
     click.echo(f"rejected {request_id} (by {decision.by}): it will not run")
 
 
@@ -189,7 +189,7 @@ def audit(as_json: bool, request_id: str | None, since: str | None, verify: bool
     after = parse_since(since) if since else None
     shown = 0
     with cli_client(Settings.from_env()) as client:
-        for record in client.audit(request_id=request_id, since=after):
+        for record in client.approvals.audit(request_id=request_id, since=after):
             shown += 1
             if as_json:
                 print_json(record)

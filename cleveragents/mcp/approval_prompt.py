@@ -150,7 +150,7 @@ class Approver:
             else:
                 why = reason or _NO_REASON[answer.action]
                 await anyio.to_thread.run_sync(
-                    lambda: self.client.reject(request_id, reason=why, by=by)
+                    lambda: self.client.approvals.reject(request_id, reason=why, by=by)
                 )
         except ApprovalError as exc:  # decided elsewhere first, or expired: the result tells
             log.info(

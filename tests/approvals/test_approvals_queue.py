@@ -59,7 +59,7 @@ def _parked(client: SkillClient, request_id: str) -> None:
 
 
 def _events(client: SkillClient, request_id: str) -> list[str]:
-    return [e["event"] for e in client.audit(request_id=request_id)]
+    return [e["event"] for e in client.approvals.audit(request_id=request_id)]
 
 
 def test_an_approved_write_runs_once_and_submit_wait_returns_its_result(
@@ -121,7 +121,7 @@ def test_an_approved_write_runs_once_and_submit_wait_returns_its_result(
     assert json.loads(out)["success"] is True
     assert [row["key"] for row in _lines(log)] == [SECRET]  # it ran once
     # And the audit trail tells the story in order, with who approved, and no argument value
-    trail = list(broker_client.audit(request_id="pay-1"))
+    trail = list(broker_client.approvals.audit(request_id="pay-1"))
     assert [e["event"] for e in trail] == [
         "requested", "awaiting_approval", "approved", "started", "succeeded",
     ]  # fmt: skip
@@ -152,7 +152,7 @@ def test_a_rejected_write_ends_as_permission_denied_with_the_reason(
         SKILL, PAY, {"log": str(log), "key": "k"}, allow_writes=True, request_id="pay-2"
     )
     _parked(broker_client, "pay-2")
-    decision = broker_client.reject("pay-2", reason="not today", by="bob")
+    decision = broker_client.approvals.reject("pay-2", reason="not today", by="bob")
     assert (decision.outcome, decision.by) == ("rejected", "bob")
     result = handle.result(timeout=60)
     assert not result.success
@@ -209,8 +209,8 @@ def test_a_refused_request_never_reaches_a_person(
     assert first.error.error_type.value == "permission_denied"
     assert second.error is not None
     assert second.error.error_type.value == "validation_error"
-    assert broker_client.approvals() == []
-    trail = list(broker_client.audit(request_id="pay-4"))
+    assert broker_client.approvals.pending() == []
+    trail = list(broker_client.approvals.audit(request_id="pay-4"))
     assert [e["event"] for e in trail] == ["requested", "refused"]
     assert trail[1]["gate"] == first.error.details["gate"]
     assert _events(broker_client, "pay-5") == ["requested", "refused"]
@@ -254,7 +254,8 @@ def test_a_hundred_parked_writes_leave_the_worker_free(
         broker_client.submit(
             SKILL, PAY, {"log": str(log), "key": f"p{i}"}, allow_writes=True, request_id=f"p-{i}"
         )
-    wait_until(lambda: len(broker_client.approvals()) == 100, 120, "100 parked", interval=0.5)
+    pending = broker_client.approvals.pending
+    wait_until(lambda: len(pending()) == 100, 120, "100 parked", interval=0.5)
     # When 20 reads are sent, they finish about as fast as without them
     beside = _read_all(broker_client, log, 20)
     print(f"20 reads: {alone:.2f} s alone, {beside:.2f} s beside 100 parked writes")
@@ -277,7 +278,8 @@ def test_a_batch_line_that_needs_approval_waits_for_it_and_the_rest_runs(
         {"skill": SKILL, "tool": PEEK, "arguments": {"log": str(log), "key": "c"}},
     ]  # fmt: skip
     results: list[Any] = []
-    runner = threading.Thread(target=lambda: results.extend(broker_client.run_many(requests)))
+    run_many = broker_client.batches.run_many
+    runner = threading.Thread(target=lambda: results.extend(run_many(requests)))
     runner.start()
     _parked(broker_client, "line-2")
     wait_until(lambda: len(_lines(log)) == 2, 60, "the other lines to run")

@@ -48,7 +48,7 @@ def test_run_many_over_a_generator_yields_results_in_input_order(
             yield echo(f"text-{i}")
 
     # Small chunks, so that the chunks finish out of order across the worker's processes.
-    results = list(client.run_many(requests(), chunk_size=50))
+    results = list(client.batches.run_many(requests(), chunk_size=50))
 
     assert consumed == n
     assert len(results) == n
@@ -65,7 +65,7 @@ def test_a_chunk_past_max_chunk_items_is_split_by_the_worker_and_loses_nothing(
     # as messages of their own before it runs the rest
     start_worker(redis_url, concurrency=2)
     n = MAX_CHUNK_ITEMS + 700
-    results = list(client.run_many((echo(f"t-{i}") for i in range(n)), chunk_size=n))
+    results = list(client.batches.run_many((echo(f"t-{i}") for i in range(n)), chunk_size=n))
 
     assert len(results) == n
     assert all(r.success for r in results), next(r.error for r in results if not r.success)
@@ -86,7 +86,7 @@ def test_an_invalid_request_in_a_list_gets_a_validation_error_in_its_place(
         echo("six"),
     ]
 
-    results = list(client.run_many(requests))
+    results = list(client.batches.run_many(requests))
 
     assert len(results) == len(requests)
     assert [r.success for r in results] == [True, False, True, False, False, False, True]
@@ -125,7 +125,7 @@ def test_an_interactive_invocation_is_served_while_a_large_batch_runs(
                 {"skill": "test/batch", "tool": "test/nap", "arguments": {"ms": 2, "n": i}}
                 for i in range(n)
             )
-            outcome["results"] = list(client.run_many(requests))
+            outcome["results"] = list(client.batches.run_many(requests))
         except BaseException as exc:  # reported by the main thread
             outcome["error"] = exc
         finally:

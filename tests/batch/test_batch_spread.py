@@ -88,7 +88,7 @@ def test_a_batch_of_slow_tools_runs_on_both_pool_processes_at_once(
     n = 60
     # When they run as one batch
     started = time.monotonic()
-    results = list(client.run_many([read(log, f"k-{i:02d}") for i in range(n)]))
+    results = list(client.batches.run_many([read(log, f"k-{i:02d}") for i in range(n)]))
     elapsed = time.monotonic() - started
     # Then every one ran once, and both processes ran them, side by side
     assert all(r.success for r in results), [r.error for r in results if not r.success][:3]

@@ -198,7 +198,7 @@ def test_a_signed_batch_runs_and_the_chunks_a_worker_requeues_are_signed_by_the_
         for i in range(120)
     ]
     # When they run through the batch path
-    results = list(signed_client.run_many(requests, chunk_size=200))
+    results = list(signed_client.batches.run_many(requests, chunk_size=200))
     # Then every one ran once, in chunks the worker requeued, none refused
     assert all(r.success for r in results), [r.error for r in results if not r.success][:3]
     assert sorted(tally.read_text().split(), key=int) == [str(i) for i in range(120)]

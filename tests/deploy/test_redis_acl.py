@@ -159,7 +159,7 @@ def test_producer_submits_waits_and_runs_batches_as_its_own_user(
             {"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": t}}
             for t in ("one", "one two", "one two three")
         ]
-        counts = [r.output_data for r in client.run_many(requests, chunk_size=2)]
+        counts = [r.output_data for r in client.batches.run_many(requests, chunk_size=2)]
         assert counts == [{"words": 1}, {"words": 2}, {"words": 3}]
         # A write that is not idempotent: the worker claims it (its claim keys)
         write = client.submit(

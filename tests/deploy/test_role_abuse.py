@@ -495,7 +495,7 @@ def test_the_producer_cannot_decide_and_the_approver_approves_through_a_worker_o
         with pytest.raises(redis.exceptions.NoPermissionError):
             producer.approve(rid)
         with pytest.raises(redis.exceptions.NoPermissionError):
-            producer.reject(rid, reason="mine to refuse")
+            producer.approvals.reject(rid, reason="mine to refuse")
         for args in (("approve", rid), ("reject", rid, "--reason", "no")):
             tried = _cli_as(server, "producer", tmp_path, "approvals", *args)
             assert tried.returncode != 0, tried.stdout + tried.stderr
@@ -513,7 +513,7 @@ def test_the_producer_cannot_decide_and_the_approver_approves_through_a_worker_o
         admin.acl_log_reset()
         # When the approver, from their own machine, lists and approves it
         approver = stack.enter_context(_client_as(server, "approver", tmp_path / "approver"))
-        assert [r.request_id for r in approver.approvals()] == [rid]
+        assert [r.request_id for r in approver.approvals.pending()] == [rid]
         done = _cli_as(server, "approver", tmp_path, "approvals", "approve", rid, "--by", "alice")
         assert done.returncode == 0, done.stdout + done.stderr
         # Then it runs once, through the worker, and the producer's wait gets its result
@@ -521,7 +521,7 @@ def test_the_producer_cannot_decide_and_the_approver_approves_through_a_worker_o
         assert result.success, (result.error, server.denials())
         assert [json.loads(line)["key"] for line in log.read_text().splitlines()] == ["k"]
         # and the trail, read by the approver, tells its story
-        trail = list(approver.audit(request_id=rid))
+        trail = list(approver.approvals.audit(request_id=rid))
         assert [e["event"] for e in trail] == APPROVED_TRAIL
         assert trail[2]["by"] == "alice"
         shown = _cli_as(server, "approver", tmp_path, "audit", "--request-id", rid, "--json")
@@ -552,7 +552,7 @@ def test_a_worker_of_its_role_expires_an_undecided_write_by_its_sweep(
         assert result.error.details.get("reason") == REASON_EXPIRED, result.error
         assert not log.exists()
         approver = stack.enter_context(_client_as(server, "approver", tmp_path / "approver"))
-        events = [e["event"] for e in approver.audit(request_id=rid)]
+        events = [e["event"] for e in approver.approvals.audit(request_id=rid)]
         assert events == ["requested", "awaiting_approval", "expired"]
     assert server.denials() == []
     assert _denied_in(folder / "worker.log") == []

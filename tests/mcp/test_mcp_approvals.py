@@ -169,7 +169,7 @@ def test_an_accepted_elicitation_approves_and_the_write_runs(
     # Their answer is the decision, by the MCP client program's name.
     request_id = _request_id(result)
     assert request_id in question.message
-    _, decision = client.approval(request_id)
+    _, decision = client.approvals.show(request_id)
     assert decision is not None
     assert (decision.outcome, decision.by) == ("approved", f"mcp-client:{CLIENT_NAME}")
     assert decision.reason == "invoice 42 checked"
@@ -196,7 +196,7 @@ def test_a_declined_or_cancelled_elicitation_rejects_and_nothing_runs(
     )
     assert len(asked) == 1
     assert _payments(log) == []
-    _, decision = client.approval(_request_id(result))
+    _, decision = client.approvals.show(_request_id(result))
     assert decision is not None
     assert (decision.outcome, decision.by) == ("rejected", f"mcp-client:{CLIENT_NAME}")
 
@@ -232,12 +232,12 @@ def test_without_the_opt_in_a_client_that_accepts_everything_cannot_approve_its_
     assert structured["approved_by"] == "a person holding the approver role"
     assert structured["call_again"] is False
     # ... and the call stays parked, undecided, not run, with no decision in the trail
-    assert request_id in [parked.request_id for parked in client.approvals()]
-    _, decision = client.approval(request_id)
+    assert request_id in [parked.request_id for parked in client.approvals.pending()]
+    _, decision = client.approvals.show(request_id)
     assert decision is None
     assert client.state(request_id) == STATE_AWAITING_APPROVAL
     assert _payments(log) == []
-    events = [event["event"] for event in client.audit(request_id=request_id)]
+    events = [event["event"] for event in client.approvals.audit(request_id=request_id)]
     assert not {"approved", "rejected", "started", "succeeded"} & set(events), events
 
 
@@ -256,7 +256,7 @@ def test_a_client_without_elicitation_is_told_how_to_approve_and_the_call_stays_
     assert _structured(result)["state"] == "awaiting_approval"
     assert _structured(result)["request_id"] == request_id
     # It stays parked (the server is gone): listed, undecided, not run.
-    assert request_id in [parked.request_id for parked in client.approvals()]
+    assert request_id in [parked.request_id for parked in client.approvals.pending()]
     assert client.state(request_id) == STATE_AWAITING_APPROVAL
     assert _payments(log) == []
     # Approved as the result says, it runs.
@@ -283,7 +283,7 @@ def test_an_answer_after_a_decision_taken_elsewhere_does_not_break_the_call(
 
     assert result.is_error is False, text_of(result)
     assert _payments(log) == ["pay-4"]
-    _, decision = client.approval(_request_id(result))
+    _, decision = client.approvals.show(_request_id(result))
     assert decision is not None
     assert (decision.outcome, decision.by) == ("approved", "ops")
 
@@ -304,7 +304,7 @@ def test_a_client_that_fails_to_ask_is_told_how_to_approve(
     assert result.is_error is True
     assert f"cleveragents approvals approve {request_id}" in text_of(result)
     assert _structured(result)["state"] == "awaiting_approval"
-    assert request_id in [parked.request_id for parked in client.approvals()]
+    assert request_id in [parked.request_id for parked in client.approvals.pending()]
     assert _payments(log) == []
 
 

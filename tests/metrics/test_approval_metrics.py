@@ -38,7 +38,7 @@ def test_approvals_are_counted_once_by_outcome_and_the_oldest_wait_is_a_gauge(
     first = value(scrape(redis_url), OLDEST)
     assert first > 0
     client.approve(handles["approved"].request_id)
-    client.reject(handles["rejected"].request_id, reason="no")
+    client.approvals.reject(handles["rejected"].request_id, reason="no")
     for handle in handles.values():
         handle.result(timeout=60)
 

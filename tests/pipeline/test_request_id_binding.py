@@ -298,14 +298,14 @@ def test_a_batch_line_reusing_an_id_gets_the_refusal_and_the_others_run(
         {"request_id": f"{rid}-2", "skill": TEXT, "tool": "local/word-count",
          "arguments": {"text": "x y z"}},
     ]
-    results = list(client.run_many(lines))
+    results = list(client.batches.run_many(lines))
     assert _reason(results[0]) == REASON_REUSED
     assert results[1].output_data == {"words": 3}
     stored = client.get(rid)
     assert stored is not None
     assert stored.output_data == {"words": 2}
     # Sent again as a whole, the batch gives the same answers (the second line is reused)
-    again = list(client.run_many(lines))
+    again = list(client.batches.run_many(lines))
     assert [_reason(r) for r in again] == [REASON_REUSED, None]
     assert json.dumps(again[1].output_data) == json.dumps({"words": 3})
 

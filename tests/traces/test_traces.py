@@ -238,7 +238,7 @@ def test_each_batch_line_is_a_span_in_the_batchs_trace(
         SkillClient(settings=settings) as client,
         tracer.start_as_current_span("agent batch") as agent,
     ):
-        results = list(client.run_many(lines))
+        results = list(client.batches.run_many(lines))
     assert all(r.success for r in results)
     spans = _spans(receiver, 5)
     context = agent.get_span_context()
@@ -257,7 +257,7 @@ def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
         for n in range(20)
     ]
     with SkillClient(settings=Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url})) as client:
-        assert all(r.success for r in client.run_many(lines))
+        assert all(r.success for r in client.batches.run_many(lines))
         # A single invocation is still a (dropped) span: nothing is exported either
         assert (
             client.submit("local/text-tools", "local/word-count", {"text": "x"}).result(60).success
@@ -285,13 +285,13 @@ def test_an_approved_write_runs_in_its_submitters_trace(
             single = client.submit("test/approvals", "test/send-payment", pay, allow_writes=True)
             context = contextvars.copy_context()  # a thread starts with no current span
             lines = threading.Thread(
-                target=context.run, args=(lambda: batch.extend(client.run_many([line])),)
+                target=context.run, args=(lambda: batch.extend(client.batches.run_many([line])),)
             )
             lines.start()
-        wait_until(lambda: len(client.approvals()) == 2, 60, "two parked writes")
+        wait_until(lambda: len(client.approvals.pending()) == 2, 60, "two parked writes")
         # When a person approves them, from a trace of their own
         with tracer.start_as_current_span("approver") as approver:
-            for parked in client.approvals():
+            for parked in client.approvals.pending():
                 assert parked.asked_by  # a batch line too says who sent it
                 client.approve(parked.request_id, by="alice")
         assert single.result(timeout=60).success

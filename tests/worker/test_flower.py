@@ -160,7 +160,8 @@ BATCH_FAILURES = [
 
 
 def _run_batch(client: SkillClient, prefix: str) -> None:
-    results = list(client.run_many(_batch_requests(prefix), chunk_size=3, batch_id=BATCH_ID))
+    requests = _batch_requests(prefix)
+    results = list(client.batches.run_many(requests, chunk_size=3, batch_id=BATCH_ID))
     assert [r.success for r in results] == [True, False, True, False, True, True, False]
 
 

@@ -145,7 +145,7 @@ def test_a_batch_line_retries_on_its_own_and_its_chunk_does_not_wait_for_it(
          "arguments": {"log": str(log), "key": f"b{n}", "fail_times": 1 if n == 3 else 0}}
         for n in range(20)
     ]  # fmt: skip
-    results = list(broker_client.run_many(lines, chunk_size=20))
+    results = list(broker_client.batches.run_many(lines, chunk_size=20))
     assert all(result.success for result in results), [r.error for r in results]
     assert [r.output_data for r in results][3] == {"runs": 2}
     # The other lines ran before the retry was due: the chunk went on without it
