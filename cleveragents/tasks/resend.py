@@ -7,7 +7,9 @@ as Celery keeps any message with an ETA (out of its prefetch count) and on Redis
 holds it under its heartbeat, so that a worker killed during the delay loses
 nothing: the message is given back and runs elsewhere.
 
-Two headers say what the message is: Celery's own ``retries`` (the attempts that
+The message carries the trace context of the one it replaces, so that every attempt
+and every wait stays in the trace the call was sent in. Two headers say what the
+message is: Celery's own ``retries`` (the attempts that
 ran before this one) and ``cleveragents_waits`` (how many times it was sent back
 to wait for a limit). The worker's admission keeps an ETA only on such a message,
 for a tool whose policy allows that long a wait (``worker/admission.py``).
@@ -25,6 +27,7 @@ from cleveragents.constants import MAX_LIMIT_WAIT_S
 from cleveragents.messages import redacted_repr
 from cleveragents.skills.model import ToolSpec
 from cleveragents.tasks.events import EVENTS_FIELD
+from cleveragents.traces.carriers import TRACE_HEADERS, carrier_of
 
 __all__ = [
     "MAX_LIMIT_WAIT_S",
@@ -87,7 +90,8 @@ def resend(task: Task[Any, Any], delay_s: float, *, retry: bool, why: str = "") 
         "task_id": request.id,
         "countdown": max(0.0, delay_s),
         "retries": retries,  # Celery's own header: the attempts before this one
-        "headers": {WAITS_HEADER: waits},
+        # and the trace it was sent in: every attempt and every wait stays in it
+        "headers": {WAITS_HEADER: waits, **_trace_of(request)},
         # Flower shows what the message says: the arguments' names, never their values
         "argsrepr": _shown(request.args),
         "kwargsrepr": "{}",
@@ -103,6 +107,11 @@ def resend(task: Task[Any, Any], delay_s: float, *, retry: bool, why: str = "") 
         timer = threading.Timer(EVENT_AFTER_S, _say_waiting, told)
         timer.daemon = True
         timer.start()
+
+
+def _trace_of(request: Any) -> dict[str, str]:
+    """The trace context the message carried (``traceparent``, ``tracestate``), checked."""
+    return carrier_of({name: getattr(request, name, None) for name in TRACE_HEADERS})
 
 
 def _say_waiting(app: Any, hostname: str, task_id: str, why: str) -> None:
