@@ -35,6 +35,14 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 
+# bubblewrap makes the sandboxes of sandboxed tools (`sandbox:` in a skill file, or
+# CLEVERAGENTS_SANDBOX=1; docs/runtime.md "Sandboxed tools"). The container must allow user
+# namespaces for it (docs/deployment.md); without them a sandboxed tool fails with
+# sandbox_unavailable, and never runs unsandboxed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 # A fixed uid/gid (10001), so that volumes and Kubernetes' runAsNonRoot can rely on it.
 # /app is the working directory (the embedded home, .cleveragents, and the example note
 # tools write below it); /data holds Flower's state when a volume is mounted there, and a

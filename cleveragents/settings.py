@@ -189,6 +189,11 @@ class Settings:
     #: Run on a Redis whose maxmemory-policy evicts keys (it may drop queued
     #: invocations, write claims and results): refused unless this is set.
     allow_eviction: bool = False
+    #: Every command tool and stdio MCP server runs in a sandbox (docs/runtime.md);
+    #: a tool's own ``sandbox`` mapping refines it.
+    sandbox: bool = False
+    #: The bubblewrap program sandboxes are made with (a path, or a name on PATH).
+    bwrap: str = "bwrap"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -234,6 +239,8 @@ class Settings:
             audit_maxlen=_positive_int(env, "CLEVERAGENTS_AUDIT_MAXLEN", 1_000_000),
             audit_key=(env.get("CLEVERAGENTS_AUDIT_KEY") or "").strip() or None,
             allow_eviction=_flag(env, "CLEVERAGENTS_ALLOW_EVICTION", False),
+            sandbox=_flag(env, "CLEVERAGENTS_SANDBOX", False),
+            bwrap=(env.get("CLEVERAGENTS_BWRAP") or "").strip() or "bwrap",
         )
 
     @property

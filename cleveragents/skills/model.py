@@ -18,7 +18,7 @@ from pydantic import (
 
 from cleveragents.skills import tool_kinds
 from cleveragents.skills.json_schemas import schema_problem
-from cleveragents.skills.policies import Limits, RetryPolicy
+from cleveragents.skills.policies import Limits, RetryPolicy, Sandbox
 
 __all__ = [
     "NAME_PATTERN",
@@ -122,6 +122,9 @@ class ToolSpec(BaseModel):
     #: The name MCP clients see for this tool (``mcp serve``, ``skills export --format
     #: mcp``); None: made from the skill's and the tool's names (docs/mcp.md).
     mcp_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    #: Run in a Linux sandbox (``true``, or a mapping; ``cleveragents.skills.policies``):
+    #: command tools and stdio MCP servers only (docs/runtime.md "Sandboxed tools").
+    sandbox: Sandbox | None = None
     _skill_folder: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
@@ -172,11 +175,24 @@ class ToolSpec(BaseModel):
                 raise ValueError(f"pass_env entry {name!r} is not an environment variable name")
         return value
 
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_flag(cls, value: Any) -> Any:
+        # `sandbox: true` is the default sandbox; `false` is none of its own.
+        if value is True:
+            return {}
+        return None if value is False else value
+
     @model_validator(mode="after")
     def _kind_fields(self, info: ValidationInfo) -> ToolSpec:
         folder = (info.context or {}).get(SKILL_FOLDER_CONTEXT)
         if folder is not None:
             self._skill_folder = Path(folder).absolute()
+        if self.sandbox is not None and self.sandbox.allow_write and not self.writes:
+            raise ValueError(
+                f"tool {self.name!r} is read-only (writes: false), so its sandbox takes no "
+                "allow_write: set writes: true, or drop allow_write"
+            )
         tool_kinds.check_tool(self)
         return self
 

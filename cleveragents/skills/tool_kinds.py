@@ -34,6 +34,7 @@ __all__ = [
     "option_fields",
     "register",
     "reserve_fields",
+    "sandboxable",
 ]
 
 #: The kinds every process knows, by name of the object that runs them.
@@ -65,6 +66,10 @@ class ToolKind(Protocol):
     - ``option_fields``: names of kind-specific keys that a skill file may
       write beside the common ones (``server:``, ``remote_tool:``); they are
       collected into ``ToolSpec.options``.
+    - ``sandboxable``: True, or ``(tool) -> bool``, when the kind runs a tool in
+      its ``sandbox`` (``command``; ``mcp`` for a stdio server); a tool of any
+      other kind that asks for one is refused, so a sandboxed tool never runs
+      unsandboxed (and ``CLEVERAGENTS_SANDBOX=1`` covers exactly these tools).
     """
 
     def run(self, tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> Any:
@@ -77,6 +82,7 @@ class _Kind:
     runner: ToolKind
     check: Callable[[ToolSpec], None] | None
     option_fields: frozenset[str]
+    sandboxable: Callable[[ToolSpec], bool]
 
 
 _kinds: dict[str, _Kind] = {}
@@ -96,7 +102,10 @@ def _describe(runner: Any) -> _Kind:
     clash = sorted(set(fields) & _common_fields)
     if clash:
         raise ValueError(f"option_fields {clash} are common ToolSpec fields")
-    return _Kind(runner, check, frozenset(fields))
+    sandboxable = getattr(runner, "sandboxable", False)
+    if not callable(sandboxable):
+        sandboxable = lambda _tool, able=sandboxable is True: able  # noqa: E731
+    return _Kind(runner, check, frozenset(fields), sandboxable)
 
 
 #: ``ToolSpec``'s own field names, which no kind may claim as options (set by the model).
@@ -179,3 +188,15 @@ def check_tool(tool: ToolSpec) -> None:
         )
     if kind.check is not None:
         kind.check(tool)
+    if tool.sandbox is not None and not kind.sandboxable(tool):
+        raise ValueError(
+            f"{tool.source} tool {tool.name!r} cannot run in a sandbox: only command tools and "
+            "stdio MCP servers do (a python tool runs inside the worker); drop sandbox, or "
+            "make it a command tool"
+        )
+
+
+def sandboxable(tool: ToolSpec) -> bool:
+    """Whether ``tool``'s kind runs it in a sandbox when it has one (a checked tool)."""
+    kind = _resolve(tool.source)
+    return kind is not None and kind.sandboxable(tool)

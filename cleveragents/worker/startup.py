@@ -34,6 +34,7 @@ from cleveragents.logs import JsonFormatter
 from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.kinds import command as command_tool
 from cleveragents.runtime.output_limit import set_default_output_limit
+from cleveragents.runtime.sandbox import Sandboxing
 from cleveragents.settings import Settings
 from cleveragents.stores.redis_capacity import EvictingRedis, check_eviction
 from cleveragents.worker import reconnect_log, state, time_limits
@@ -73,13 +74,26 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         warning = command_tool.KIND.run_as(tool_user_for(settings.tool_user))
         if warning:
             _start_notes.append((logging.WARNING, warning))
+        command_tool.KIND.sandbox_with(
+            Sandboxing(every_tool=settings.sandbox, bwrap=settings.bwrap)
+        )
         set_default_output_limit(settings.max_output_bytes)
         time_limits.install(sender.app)
         # Load (and log problems) once in the parent: children inherit the catalogue.
-        state.current()
+        _check_sandboxes(state.current().catalogue)
     except (ConfigurationError, EvictingRedis) as exc:
         logging.getLogger("cleveragents.worker").critical("cannot start: %s", exc)
         raise SystemExit(2) from None
+
+
+def _check_sandboxes(catalogue: Any) -> None:
+    # One warning naming the sandboxed tools this worker cannot serve (runtime/sandbox.py);
+    # the check is made here once, so pool processes inherit its verdict.
+    tools = [tool for name in catalogue.names() for tool in catalogue.own_tools(name)]
+    kind = command_tool.KIND
+    warning = kind.sandboxing.unserved(tools, kind.user)
+    if warning:
+        _start_notes.append((logging.WARNING, warning))
 
 
 def _check_redis_memory(settings: Settings, result_backend: Any) -> None:

@@ -51,6 +51,10 @@ def test_dockerfile_builds_wheels_in_a_builder_stage() -> None:
     assert _final_stage()[0] == ("FROM", "python:3.11-slim")
 
 
+#: The Debian packages the final stage may install: programs the worker runs, not build tools.
+RUNTIME_PACKAGES = {"bubblewrap"}
+
+
 def test_final_stage_installs_only_the_wheels() -> None:
     final = _final_stage()
     text = "\n".join(f"{k} {a}" for k, a in final)
@@ -62,8 +66,15 @@ def test_final_stage_installs_only_the_wheels() -> None:
     assert "--no-cache-dir" in text or "PIP_NO_CACHE_DIR=1" in text
     # No sources copied in, no compilers, no build tools.
     assert not [a for k, a in final if k in ("COPY", "ADD") and "--from=" not in a]
-    for tool in ("gcc", "g++", "clang", "build-essential", "python3-dev", "apt-get install"):
+    for tool in ("gcc", "g++", "clang", "build-essential", "python3-dev"):
         assert tool not in text, f"{tool} in the final stage"
+    # Debian packages: only the programs the worker runs (bubblewrap makes the sandboxes of
+    # sandboxed tools), without recommends, and no package lists left in the image.
+    for run in (a for k, a in final if k == "RUN" and "apt-get install" in a):
+        assert "--no-install-recommends" in run, run
+        assert "rm -rf /var/lib/apt/lists/*" in run, run
+        words = run.split("apt-get install", 1)[1].split("&&")[0].split()
+        assert {w for w in words if not w.startswith("-")} <= RUNTIME_PACKAGES, run
 
 
 def test_final_stage_runs_as_a_non_root_user_in_app() -> None:

@@ -17,7 +17,12 @@ folder can be copied anywhere (``resolve_command``): relative paths of the
 command that name something in the folder are made absolute there, the folder
 comes first on ``PYTHONPATH`` (``python3 -m module`` finds the folder's modules),
 and ``CLEVERAGENTS_SKILL_DIR`` names it. The program still runs in the worker's
-current folder, as documented.
+current folder, as documented, unless it is sandboxed.
+
+A sandboxed tool (its ``sandbox``, or ``CLEVERAGENTS_SANDBOX=1``: ``CommandKind.sandbox_with``)
+runs the same way, but the shepherd starts it under bubblewrap (``runtime/sandbox.py``),
+in its scratch folder; a worker that cannot make the sandbox refuses the tool
+(``sandbox_unavailable``) rather than run it without one.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from cleveragents.errors import (
 from cleveragents.runtime.confined import Finished, ToolUser, can_run_python, run_confined
 from cleveragents.runtime.output import ToolOutput
 from cleveragents.runtime.output_limit import max_output_bytes
+from cleveragents.runtime.sandbox import Sandboxing, sandboxed_environment
 from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 
@@ -52,6 +58,7 @@ __all__ = [
     "KIND",
     "SKILL_DIR_ENV",
     "CommandKind",
+    "forwarder_python",
     "resolve_command",
     "run_command_tool",
 ]
@@ -228,6 +235,12 @@ def scratch_folder(user: ToolUser | None) -> Iterator[str]:
         yield folder
 
 
+def forwarder_python(own_python: bool) -> str:
+    """An interpreter the tool user can run: this process's, else ``python3``, looked up
+    on ``PATH`` inside the sandbox past any the user may not run (as ``execvp`` does)."""
+    return sys.executable if own_python else "python3"
+
+
 def run_command_tool(
     tool: ToolSpec,
     arguments: dict[str, Any],
@@ -235,14 +248,17 @@ def run_command_tool(
     *,
     user: ToolUser | None = None,
     own_python: bool = True,
+    sandboxing: Sandboxing | None = None,
 ) -> ToolOutput:
     """Run the tool's command with the arguments as JSON on stdin, confined (module docstring).
 
     ``user``: who it runs as (None: this process's user). ``own_python``: ``python3``
-    means this process's interpreter, found first on ``PATH``.
+    means this process's interpreter, found first on ``PATH``. ``sandboxing``: how
+    sandboxes are made (None: the command kind's).
 
     Raises:
-        ToolActivationError: the program cannot be started.
+        ToolActivationError: the program cannot be started, or it is sandboxed and no
+            sandbox can be made here (``details["reason"] == "sandbox_unavailable"``).
         ToolTimedOut: it outlived ``timeout_s``; it and every process it started were killed.
         ToolOutputTooLarge: stdout (or stdout and resource changes) past the output limit.
         ToolExecutionError: non-zero exit, or stdout that is not one JSON value;
@@ -251,10 +267,20 @@ def run_command_tool(
     argv = resolve_command(list(tool.command or []), tool.skill_folder)
     payload = json.dumps(arguments).encode()
     limit = max_output_bytes()
-    with scratch_folder(user) as scratch:
+    sandboxing = KIND.sandboxing if sandboxing is None else sandboxing
+    policy = sandboxing.policy(tool)
+    bwrap = sandboxing.require(tool.name, user) if policy is not None else None
+    with scratch_folder(user) as scratch, contextlib.ExitStack() as stack:
         env = _environment(tool, scratch, user, own_python)
+        run_argv = argv
+        if bwrap is not None and policy is not None:
+            python = forwarder_python(own_python)
+            run_argv, added = stack.enter_context(
+                sandboxing.wrapped(bwrap, argv, policy, scratch, tool=tool.name, python=python)
+            )
+            env = sandboxed_environment(env, added)
         try:
-            finished = run_confined(argv, env, payload, timeout_s, max_stdout=limit, user=user)
+            finished = run_confined(run_argv, env, payload, timeout_s, max_stdout=limit, user=user)
         except OSError as exc:
             raise ToolActivationError(
                 f"tool activation failed for {tool.name!r}: cannot start its shepherd: {exc}",
@@ -272,9 +298,20 @@ def run_command_tool(
 class CommandKind:
     """Tools that are programs, run confined and without a shell (``source: command``)."""
 
+    #: Its tools may ask for a sandbox (``runtime/sandbox.py``).
+    sandboxable = True
+
     def __init__(self) -> None:
         self.user: ToolUser | None = None
         self.own_python = True
+        self.sandboxing = Sandboxing()
+
+    def sandbox_with(self, sandboxing: Sandboxing) -> None:
+        """Make the sandboxes of this process's command tools and stdio MCP servers so.
+
+        A worker calls it once at start (``CLEVERAGENTS_SANDBOX``, ``CLEVERAGENTS_BWRAP``).
+        """
+        self.sandboxing = sandboxing
 
     def run_as(self, user: ToolUser | None) -> str | None:
         """Run every later command tool of this process as ``user`` (None: this process's own).
@@ -307,7 +344,12 @@ class CommandKind:
     def run(self, tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) -> ToolOutput:
         """Run the command as this kind's user; see ``run_command_tool``."""
         return run_command_tool(
-            tool, arguments, timeout_s, user=self.user, own_python=self.own_python
+            tool,
+            arguments,
+            timeout_s,
+            user=self.user,
+            own_python=self.own_python,
+            sandboxing=self.sandboxing,
         )
 
 

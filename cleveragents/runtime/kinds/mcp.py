@@ -39,6 +39,7 @@ from cleveragents.errors import (
     ToolOutputTooLarge,
     ToolTimedOut,
 )
+from cleveragents.runtime.kinds.command import KIND as COMMAND_KIND
 from cleveragents.runtime.kinds.mcp_sessions import (
     AnswerTooLarge,
     CallTimedOut,
@@ -52,7 +53,15 @@ from cleveragents.runtime.text import blank_arguments
 from cleveragents.skills import ToolSpec
 from cleveragents.traces.carriers import current_carrier
 
-__all__ = ["KIND", "McpKind", "check_mcp_tool", "output_of", "run_mcp_tool", "server_of"]
+__all__ = [
+    "KIND",
+    "McpKind",
+    "check_mcp_tool",
+    "output_of",
+    "run_mcp_tool",
+    "runs_a_server",
+    "server_of",
+]
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: An HTTP header name (an RFC 9110 token).
@@ -96,6 +105,14 @@ def _check_http(where: str, server: Mapping[str, Any], tool: ToolSpec) -> None:
         raise ValueError(f"{where}: server.headers_from_env values are environment variable names")
     if tool.pass_env:
         raise ValueError(f"{where}: pass_env is for stdio servers (use server.headers_from_env)")
+    if tool.sandbox is not None:
+        raise ValueError(f"{where}: sandbox is for stdio servers (an HTTP server runs elsewhere)")
+
+
+def runs_a_server(tool: ToolSpec) -> bool:
+    """Whether the mcp tool starts its server (stdio): only such a tool can be sandboxed."""
+    server = tool.options.get("server")
+    return isinstance(server, Mapping) and "command" in server
 
 
 def check_mcp_tool(tool: ToolSpec) -> None:
@@ -137,6 +154,7 @@ def server_of(tool: ToolSpec) -> ServerSpec:
         command=tuple(server["command"]),
         env=tuple(sorted(server.get("env", {}).items())),
         pass_env=tuple(sorted(tool.pass_env)),
+        sandbox=COMMAND_KIND.sandboxing.policy(tool),
     )
 
 
@@ -209,6 +227,8 @@ def run_mcp_tool(tool: ToolSpec, arguments: dict[str, Any], timeout_s: float) ->
     server = server_of(tool)
     remote = tool.options["remote_tool"]
     _missing_header_variables(tool, server)
+    if server.sandbox is not None:  # sandbox_unavailable: never started without one
+        COMMAND_KIND.sandboxing.require(tool.name, COMMAND_KIND.user)
     try:
         # The invocation's trace context travels on: a server that traces joins the trace
         meta = current_carrier() or None
@@ -279,6 +299,8 @@ class McpKind:
 
     #: The kind's own keys, written beside the common ones in a skill file.
     option_fields = ("server", "remote_tool")
+    #: A stdio server may run in a sandbox (``runtime/sandbox.py``), an HTTP one not.
+    sandboxable = staticmethod(runs_a_server)
 
     #: See ``check_mcp_tool``.
     check = staticmethod(check_mcp_tool)

@@ -43,11 +43,13 @@ from mcp.shared.message import SessionMessage
 
 from cleveragents.constants import STDERR_TAIL_CHARS
 from cleveragents.runtime.confined import SHEPHERD, ToolUser
-from cleveragents.runtime.kinds.command import BASE_ENV, scratch_folder
+from cleveragents.runtime.kinds.command import BASE_ENV, forwarder_python, scratch_folder
 from cleveragents.runtime.kinds.command import KIND as COMMAND_KIND
 from cleveragents.runtime.kinds.mcp_bounds import IDENTITY, Meter, bound_http
 from cleveragents.runtime.kinds.mcp_stdio import stdio_transport
 from cleveragents.runtime.output_limit import default_output_limit
+from cleveragents.runtime.sandbox import sandboxed_environment
+from cleveragents.skills.policies import Sandbox
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -131,6 +133,8 @@ class ServerSpec:
     pass_env: tuple[str, ...] = ()
     url: str | None = None
     headers_from_env: tuple[tuple[str, str], ...] = ()
+    #: The sandbox a stdio server runs in (``runtime/sandbox.py``); None: none.
+    sandbox: Sandbox | None = None
 
     def describe(self) -> str:
         """The server for people: its URL or its command line."""
@@ -273,11 +277,27 @@ class _Connection:
             return
         assert self._stderr is not None
         user = COMMAND_KIND.user
-        with scratch_folder(user) as scratch:
+        with scratch_folder(user) as scratch, contextlib.ExitStack() as stack:
             env = stdio_environment(self.spec)
             if user is not None:  # the worker's home and temporary folder are not the user's
                 env["HOME"] = env["TMPDIR"] = scratch
-            argv = [sys.executable, *shepherded(self.spec.command, user)]
+            command = list(self.spec.command)
+            if self.spec.sandbox is not None:  # the kind checked that one can be made
+                sandboxing = COMMAND_KIND.sandboxing
+                bwrap = sandboxing.require(self.spec.describe(), user)
+                python = forwarder_python(COMMAND_KIND.own_python)
+                command, added = stack.enter_context(
+                    sandboxing.wrapped(
+                        bwrap,
+                        command,
+                        self.spec.sandbox,
+                        scratch,
+                        tool=self.spec.describe(),
+                        python=python,
+                    )
+                )
+                env = sandboxed_environment(env, added)
+            argv = [sys.executable, *shepherded(tuple(command), user)]
             async with stdio_transport(argv, env, self._stderr.file, self.meter) as (read, write):
                 # Relay what the server says, to see its end: an idle server that exits
                 # marks the session dead, so the next call starts it again.
