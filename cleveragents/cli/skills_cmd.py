@@ -234,19 +234,34 @@ def _policy_warnings(catalogue: Catalogue) -> list[str]:
     found = []
     for name in catalogue.names:
         file, line = catalogue.location(name)
-        where = f"{file}:{line}" if file and line else (file or name)
         for tool in catalogue.own_tools(name):
             policy = tool.retry
             if policy is None or policy.attempts < 2 or not tool.write_capable:
                 continue
             if tool.idempotent:
                 continue
+            at = _tool_line(file, line, tool.name) if file else None
+            where = f"{file}:{at or line}" if file and (at or line) else (file or name)
             found.append(
                 f"{where}: tool {tool.name} of skill {name}: its retry (attempts: "
                 f"{policy.attempts}) never applies: a write that is not idempotent runs at "
                 "most once; mark it `idempotent: true` if running it twice is safe"
             )
     return found
+
+
+def _tool_line(file: str, start: int | None, tool: str) -> int | None:
+    """The line of ``tool``'s name in its skill's file, from the skill's own line on
+    (None: not found, as in a file read some other way)."""
+    try:
+        lines = Path(file).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    wanted = (f"name: {tool}", f'"name": "{tool}"', f"name: '{tool}'", f'name: "{tool}"')
+    for number in range(max((start or 1) - 1, 0), len(lines)):
+        if any(text in lines[number] for text in wanted):
+            return number + 1
+    return None
 
 
 #: Export formats ``skills export`` knows.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -133,7 +134,10 @@ def _plain(err: Any, loc: tuple[int | str, ...], item: dict[str, Any]) -> str:
     owner, fields, field = _owner(loc, item)
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden" and field:
-        key = field.rsplit(".", 1)[-1]
+        *within, key = field.split(".")
+        if within:  # a key inside a mapping of its own (retry, limits, sandbox, ...)
+            fields = _nested_keys(loc, fields_of=item)
+            owner = f"{'.'.join(within)} of {owner}" if owner else ".".join(within)
         text = f"unknown key {key!r}" + (f" in {owner}" if owner else "")
         close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
         if close:
@@ -143,7 +147,45 @@ def _plain(err: Any, loc: tuple[int | str, ...], item: dict[str, Any]) -> str:
         return (f"{owner}: " if owner else "") + f"missing required key {field!r}"
     if not field:
         return message  # a check of the whole skill or tool: its message names it
-    return f"{field}" + (f" of {owner}" if owner else "") + f": {message}"
+    return f"{field}" + (f" of {owner}" if owner else "") + f": {message}{_hint(err, field)}"
+
+
+def _hint(err: Any, field: str) -> str:
+    """How to write what pydantic says is of the wrong type, where a newcomer trips."""
+    given = err.get("input")
+    if err["type"] == "list_type" and isinstance(given, str):
+        words = ", ".join(given.split()) or "..."
+        return f"; write a list, e.g. {field.rsplit('.', 1)[-1]}: [{words}]"
+    if err["type"] in ("bool_parsing", "bool_type"):
+        return "; write true or false"
+    return ""
+
+
+def _nested_keys(loc: tuple[int | str, ...], fields_of: dict[str, Any]) -> list[str]:
+    """The keys valid where ``loc`` points inside a tool's or a skill's own mapping."""
+    model: Any = Skill
+    parts = list(loc)
+    if len(parts) >= 2 and parts[0] == "tools" and isinstance(parts[1], int):
+        model, parts = ToolSpec, parts[2:]
+    for part in parts[:-1]:
+        fields = getattr(model, "model_fields", {})
+        if not isinstance(part, str) or part not in fields:
+            return []
+        model = _model_in(fields[part].annotation)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``RetryPolicy | None`` -> RetryPolicy)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _owner(loc: tuple[int | str, ...], item: dict[str, Any]) -> tuple[str, list[str], str]:

@@ -336,6 +336,28 @@ def test_every_catalogue_problem_has_an_error_type_a_file_and_a_line(tmp_path: P
             "\tversion: 2\n",
             "tab",
         ),
+        # Issue 48, item 6: inside retry and limits, the key meant; a string where a list
+        # or a boolean goes, how to write it
+        (
+            "name: local/x\ntools:\n  - {name: local/t, source: python, entrypoint: 'a:b',\n"
+            "     retry: {attempts: 3, backof_s: 1}}\n",
+            "unknown key 'backof_s' in retry of tool local/t; did you mean 'backoff_s'?",
+        ),
+        (
+            "name: local/x\ntools:\n  - {name: local/t, source: python, entrypoint: 'a:b',\n"
+            "     limits: {concurency: 2}}\n",
+            "unknown key 'concurency' in limits of tool local/t; did you mean 'concurrency'?",
+        ),
+        (
+            "name: local/x\ntools:\n  - name: local/t\n    source: command\n"
+            "    command: python3 journal.py\n",
+            "write a list, e.g. command: [python3, journal.py]",
+        ),
+        (
+            "name: local/x\ntools:\n  - {name: local/t, source: python, entrypoint: 'a:b',\n"
+            "     requires_approval: yes please}\n",
+            "write true or false",
+        ),
     ],
 )
 def test_problems_are_said_in_plain_words(tmp_path: Path, text: str, expected: str) -> None:

@@ -76,6 +76,10 @@ def test_skills_check_warns_of_a_retry_that_never_applies(tmp_path: Path) -> Non
     [warning] = json.loads(done.stdout)["warnings"]
     assert "test/t" in warning
     assert "never applies" in warning
+    # at the tool's own line, not the skill's (issue 48, item 6)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    tool_line = next(n for n, text in enumerate(lines, 1) if "name: test/t" in text)
+    assert f"{path}:{tool_line}:" in warning
     assert "idempotent: true" in warning
     # An idempotent write's retry applies: no warning
     path = _file(tmp_path, "    writes: true\n    idempotent: true\n    retry: {attempts: 5}\n")
