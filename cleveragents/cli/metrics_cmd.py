@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import click
@@ -11,7 +10,7 @@ import redis
 from cleveragents.broker.rabbitmq import RabbitQueues, uses_amqp
 from cleveragents.cli.render import CliFailure
 from cleveragents.constants import QUEUE_DEAD
-from cleveragents.metrics import QUEUES, QueueGauges, render
+from cleveragents.metrics.exporter import QUEUES, QueueGauges, metrics_app, render, serve
 from cleveragents.settings import Settings
 
 __all__ = ["metrics"]
@@ -57,29 +56,7 @@ def metrics(port: int, host: str, once: bool) -> None:
             raise CliFailure(str(exc)) from None
         return
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            try:
-                body = render(client, queues).encode()
-            except redis.RedisError as exc:
-                self.send_error(503, f"Redis: {exc}")
-                return
-            except ConnectionError as exc:  # RabbitMQ's queues (its message says so)
-                self.send_error(503, str(exc))
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return  # scrapes every few seconds are not worth a log line
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = serve(metrics_app(client, queues), host, port)
     click.echo(f"serving metrics on http://{host}:{port}/metrics", err=True)
     try:
         server.serve_forever()

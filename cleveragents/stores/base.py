@@ -148,7 +148,7 @@ class MetricCounts:
     Keys are JSON arrays: ``[skill, tool, outcome, error_type, reason]`` for
     ``invocations``, ``[skill, tool, outcome, bucket]`` for ``durations`` and
     ``[skill, tool, outcome]`` for ``sums``. A count of zero is kept: adding it
-    makes the series exist (``cleveragents.metrics.zero_counts``).
+    makes the series exist (``cleveragents.metrics.recorder.zero_counts``).
     """
 
     invocations: Counter[str] = field(default_factory=Counter)

@@ -3,6 +3,32 @@
 The first failure of an outage is logged (a warning, at most every ``WARN_EVERY_S``
 per process), so that a Redis that cannot be reached is never a silent wait; the
 first operation through after it says, once, that Redis answers again.
+
+Why not redis-py's own ``Retry`` with ``ExponentialBackoff`` on the client (issue 43,
+weighed and kept):
+
+- The stores use the Celery result backend's client (``stores/factory.py``: one
+  pool), so a ``retry=`` on it would also retry every command Celery sends itself,
+  under Celery's own ``result_backend_always_retry`` policy: two retry loops, and a
+  change to Celery's behaviour this module does not own. A client of their own would
+  be a second pool per process.
+- ``stores/resp.py``'s ``pipelined`` (several commands in one round trip) and
+  ``Script`` take a connection from the pool and read its replies themselves; a
+  client's ``Retry`` wraps its own ``execute_command`` and pipelines, and of a bare
+  connection only the connecting: a connection lost while those send or read would
+  no longer be retried.
+- The promise is a time (ride out a restart of up to ``RETRY_FOR_S``), and ``Retry``
+  counts attempts: how long those take depends on how each fails (refused at once,
+  or a connect timeout), so no count keeps it.
+- ``Retry`` has no hook for the first failure of an outage and the first success after
+  it, which are this module's one warning and one "answers again" line (shared with
+  ``broker/redis/result_backend.py``); a subclass would override ``call_with_retry``,
+  redis-py's own loop, for every redis-py release allowed (6.4 to 8).
+
+What is retried is the caller's whole operation (a pipeline, a script, a command),
+exactly as with a client's ``Retry`` (which resends a pipeline whole too): a
+non-idempotent write whose reply was lost is sent again either way, e.g.
+``GuardStore.attempt``'s ``INCR`` may count that delivery twice.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from cleveragents.approvals.model import WAITING, Resolution
 from cleveragents.logs import log_invocation
-from cleveragents.metrics import CLOSE_WAIT_S, MetricsRecorder
+from cleveragents.metrics.recorder import CLOSE_WAIT_S, MetricsRecorder
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.stores import MetricStore
 

@@ -16,7 +16,7 @@ from cleveragents.constants import (
     READ_ONLY_LIMIT_KEY_PREFIX,
     STATE_AWAITING_APPROVAL,
 )
-from cleveragents.metrics import CLOSE_WAIT_S
+from cleveragents.metrics.recorder import CLOSE_WAIT_S
 from cleveragents.pipeline import Pipeline
 from cleveragents.runtime.kinds import load_tool_kinds
 from cleveragents.runtime.outcomes import names_of

@@ -44,6 +44,7 @@ from tests.support.composefile import (
     _user_env,
 )
 from tests.support.procs import REPO, wait_until
+from tests.support.prom import parse, value
 
 OVERRIDE = COMPOSE_FILE.parent / "docker-compose.rabbitmq.yml"
 #: What the override may change in a service: where it sends invocations, and what it waits for.
@@ -239,7 +240,9 @@ def test_the_worker_producer_and_exporter_work_on_rabbitmq_as_their_own_redis_us
         assert done.returncode == 0, done.stdout + done.stderr + log.read_text()
         assert json.loads(done.stdout)["success"] is True
         assert scraped.returncode == 0, scraped.stderr
-        assert 'cleveragents_queue_length{queue="skills.read"} 0' in scraped.stdout
+        lengths = parse(scraped.stdout)
+        assert ("cleveragents_queue_length", (("queue", "skills.read"),)) in lengths
+        assert value(lengths, "cleveragents_queue_length", queue="skills.read") == 0
         # And Redis refused none of their commands
         assert server.denials() == []
     finally:

@@ -31,7 +31,8 @@ from kombu.exceptions import OperationalError
 
 from cleveragents.constants import QUEUE_READ, TASK_INVOKE
 from cleveragents.messages import result_payload
-from cleveragents.metrics import MetricsRecorder, render
+from cleveragents.metrics.exporter import render
+from cleveragents.metrics.recorder import MetricsRecorder
 from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.runtime.outcomes import failed_result
@@ -52,10 +53,12 @@ from tests.support.composefile import (
     _subprocess_env,
 )
 from tests.support.procs import REPO, wait_until
+from tests.support.prom import Samples, parse, total, value
 
 pytestmark = pytest.mark.timeout(240)
 
 DOCS = REPO / "docs" / "deployment.md"
+INVOCATIONS = "cleveragents_invocations_total"
 
 
 # ---- the rules: one source, loaded by Redis ---------------------------------------------------
@@ -207,18 +210,16 @@ def test_metrics_exporter_reads_queues_and_counters_as_its_own_user(
         text = "counted by the exporter"
         assert client.submit("local/text-tools", "local/shout", {"text": text}).result(60).success
     # The worker adds its counts to Redis every couple of seconds
-    series = (
-        'cleveragents_invocations_total{skill="local/text-tools",tool="local/shout",'
-        'outcome="success",error_type="",reason=""} 1'
-    )
-    exported: list[str] = []
+    series = {"skill": "local/text-tools", "tool": "local/shout", "outcome": "success"}
+    exported: list[Samples] = []
 
     def counted() -> bool:
-        exported[:] = [_cli(acl_redis, "metrics", tmp_path, "metrics", "--once")]
-        return series in exported[0]
+        exported[:] = [parse(_cli(acl_redis, "metrics", tmp_path, "metrics", "--once"))]
+        return value(exported[0], INVOCATIONS, **series, error_type="", reason="") == 1
 
     wait_until(counted, 30, "the invocation in the exporter's output", interval=1)
-    assert 'cleveragents_queue_length{queue="skills.read"} 0' in exported[0]
+    assert ("cleveragents_queue_length", (("queue", "skills.read"),)) in exported[0]
+    assert value(exported[0], "cleveragents_queue_length", queue="skills.read") == 0
     assert acl_redis.denials() == []
 
 
@@ -320,8 +321,8 @@ def test_worker_user_may_take_every_redis_path_of_the_workers_code(
     permit.release()
     app.close()
     # The exporter reads what the worker counted
-    exported = render(redis.Redis.from_url(acl_redis.service_url("metrics")))
-    assert 'cleveragents_invocations_total{skill="s",tool="t",outcome="success"' in exported
+    exported = parse(render(redis.Redis.from_url(acl_redis.service_url("metrics"))))
+    assert total(exported, "cleveragents_invocations_total", skill="s", tool="t", outcome="success")
     assert acl_redis.denials() == []
 
 

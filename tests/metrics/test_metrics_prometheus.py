@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from cleveragents.client import SkillClient
-from cleveragents.metrics import (
+from cleveragents.metrics.recorder import (
     BUCKETS,
     MAX_CACHED_SERIES,
     REASONS,

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleveragents.client import SkillClient
-from cleveragents.metrics import FLUSH_S
+from cleveragents.metrics.recorder import FLUSH_S
 from tests.support.procs import REPO, Worker, free_port, kill_group, wait_until
 from tests.support.prom import Samples
 from tests.support.prom import scrape as _metrics

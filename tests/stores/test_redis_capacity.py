@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from cleveragents.metrics import render
+from cleveragents.metrics.exporter import render
 from cleveragents.stores.redis_capacity import (
     WARN_EVERY_S,
     MemoryWatch,
@@ -16,6 +16,7 @@ from cleveragents.stores.redis_capacity import (
 )
 from tests.conftest import worker_env
 from tests.support.procs import RedisServer, Worker
+from tests.support.prom import parse, value
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,14 +90,16 @@ def test_the_metrics_export_the_memory_and_whether_the_policy_evicts(
 ) -> None:
     client = redis.Redis.from_url(private_redis.url)
     _policy(private_redis, "noeviction", "64mb")
-    text = render(client)
-    assert "cleveragents_redis_maxmemory_bytes 67108864\n" in text
-    assert 'cleveragents_redis_evicting{policy="noeviction"} 0\n' in text
-    used = [line for line in text.splitlines() if line.startswith("cleveragents_redis_used_memory")]
+    samples = parse(render(client))
+    assert value(samples, "cleveragents_redis_maxmemory_bytes") == 67108864
+    assert ("cleveragents_redis_evicting", (("policy", "noeviction"),)) in samples
+    assert value(samples, "cleveragents_redis_evicting", policy="noeviction") == 0
+    used = [name for name, _ in samples if name.startswith("cleveragents_redis_used_memory")]
     assert len(used) == 1
-    assert int(used[0].split()[1]) > 0
+    assert value(samples, "cleveragents_redis_used_memory_bytes") > 0
     _policy(private_redis, "allkeys-lfu", "64mb")
-    assert 'cleveragents_redis_evicting{policy="allkeys-lfu"} 1\n' in render(client)
+    samples = parse(render(client))
+    assert value(samples, "cleveragents_redis_evicting", policy="allkeys-lfu") == 1
 
 
 MB = 2**20

@@ -92,7 +92,7 @@ def test_the_import_graph_sees_the_library_and_its_cycles() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert "cleveragents.stores" in graph["cleveragents.pipeline.guard"]
-    assert "cleveragents.batch.api" in graph["cleveragents.client"]
+    assert "cleveragents.batch.batches" in graph["cleveragents.client"]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
 

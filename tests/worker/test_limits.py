@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from cleveragents.client import SkillClient
-from cleveragents.metrics import render
+from cleveragents.metrics.exporter import render
 from cleveragents.skills.policies import Limits
 from cleveragents.stores.quotas import FileLimitGate, Permit
 from tests.conftest import Broker

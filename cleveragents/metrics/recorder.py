@@ -1,4 +1,4 @@
-"""Metrics beyond Flower's own, in the Prometheus text format.
+"""Each worker process's counters and duration histograms, flushed to the metric store.
 
 Workers count invocations by skill, tool, outcome, error type and failure reason,
 and their durations in histogram buckets by skill, tool and outcome, in memory,
@@ -8,10 +8,9 @@ A process that exits flushes what is pending (``MetricsRecorder.close``); one
 that is killed outright loses at most its last ``FLUSH_S`` of counts. A worker
 starts every catalogue tool's series at zero (``MetricsRecorder.start``), so the
 first invocation of a tool is an increase that ``increase()`` and ``rate()`` see.
-The ``cleveragents metrics`` exporter reads those, plus the length of every queue
-and the age of its oldest waiting message (``QueueGauges``: Redis lists, or RabbitMQ
-queues, whose ages cannot be read: ``cleveragents.broker.rabbitmq``), and serves them at
-``/metrics``.
+The store's fields are JSON arrays of label values (``MetricCounts``); the first
+label of a limit wait's or an approval's field names its kind (``WAITS_LABEL``,
+``WAITED_MS_LABEL``, ``APPROVALS_LABEL``). ``cleveragents.metrics.exporter`` reads them.
 """
 
 from __future__ import annotations
@@ -21,39 +20,28 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
 
-from redis import RedisError
-
-from cleveragents.constants import (
-    QUEUE_BATCH,
-    QUEUE_BATCH_WRITE,
-    QUEUE_READ,
-    QUEUE_WRITE,
-    SENT_AT_HEADER,
-)
 from cleveragents.skills import SkillResult
-from cleveragents.stores import MetricCounts, MetricStore, RedisMetricStore
-from cleveragents.stores.redis_capacity import read_memory
+from cleveragents.stores import MetricCounts, MetricStore
 
 __all__ = [
+    "APPROVALS_LABEL",
+    "APPROVAL_OUTCOMES",
     "BUCKETS",
     "CLOSE_WAIT_S",
     "FLUSH_S",
     "MAX_CACHED_SERIES",
     "REASONS",
+    "WAITED_MS_LABEL",
+    "WAITS_LABEL",
     "ZERO_SERIES",
     "MetricsRecorder",
-    "QueueGauges",
-    "RedisQueues",
     "reason_label",
-    "render",
     "zero_counts",
 ]
 
-log = logging.getLogger("cleveragents.metrics")
+log = logging.getLogger("cleveragents.metrics")  # its name before the split
 
 #: Histogram buckets of invocation durations, in seconds: 1 ms (an in-process python
 #: tool, a refusal), a 1-2.5-5 ladder from 5 ms to 10 s, then the minutes command and
@@ -85,8 +73,6 @@ BUCKETS = (
 FLUSH_S = 1.0
 #: Longest a process's last flush may take at its exit (a store that is away).
 CLOSE_WAIT_S = 5.0
-#: The queues whose length and oldest age are exported.
-QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
 
 #: Every ``details["reason"]`` that becomes a ``reason`` label as it is; any other
 #: is ``"other"``, and a failure without one (or a success) has ``""``. A fixed set,
@@ -109,10 +95,10 @@ REASONS = frozenset(
 OTHER_REASON = "other"
 #: First label of the invocation-hash fields that count waits for a tool's limits, and
 #: the milliseconds waited (three labels: no invocation series has that many).
-_WAITS = "limit_wait"
-_WAITED_MS = "limit_wait_ms"
+WAITS_LABEL = "limit_wait"
+WAITED_MS_LABEL = "limit_wait_ms"
 #: First label of the fields that count approvals (skill, tool, outcome: four labels).
-_APPROVALS = "approval"
+APPROVALS_LABEL = "approval"
 #: What became of a parked invocation, each counted once: parked, then one of the others.
 APPROVAL_OUTCOMES = ("parked", "approved", "rejected", "expired")
 #: The invocation series (outcome, error_type, reason) every catalogue tool starts
@@ -217,8 +203,8 @@ class MetricsRecorder:
         shown_skill, shown_tool = self._labels(skill, tool)
         with self._lock:
             counts = self._counts
-            counts.invocations[json.dumps([_WAITS, shown_skill, shown_tool])] += 1
-            counts.invocations[json.dumps([_WAITED_MS, shown_skill, shown_tool])] += max(
+            counts.invocations[json.dumps([WAITS_LABEL, shown_skill, shown_tool])] += 1
+            counts.invocations[json.dumps([WAITED_MS_LABEL, shown_skill, shown_tool])] += max(
                 0, round(seconds * 1000)
             )
         self._ensure_flusher()
@@ -230,7 +216,7 @@ class MetricsRecorder:
         self._own_process()
         shown_skill, shown_tool = self._labels(skill, tool)
         with self._lock:
-            key = json.dumps([_APPROVALS, shown_skill, shown_tool, outcome])
+            key = json.dumps([APPROVALS_LABEL, shown_skill, shown_tool, outcome])
             self._counts.invocations[key] += 1
         self._ensure_flusher()
 
@@ -330,221 +316,3 @@ class MetricsRecorder:
             asked = self._asked
             self._asking.notify_all()
             return self._asking.wait_for(lambda: self._answered >= asked, timeout=wait_s)
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
-
-
-class QueueGauges(Protocol):
-    """What the broker tells of its queues: one implementation per broker kind."""
-
-    def lengths(self) -> dict[str, int]:
-        """Messages waiting in each queue."""
-        ...
-
-    def oldest_ages(self, now: float) -> dict[str, float]:
-        """Seconds the oldest waiting message of each queue has waited, where it is known."""
-        ...
-
-
-class RedisQueues:
-    """The skill queues of kombu's Redis transport: one Redis list each."""
-
-    def __init__(self, redis: Any) -> None:
-        self.redis = redis
-
-    def lengths(self) -> dict[str, int]:
-        """``LLEN`` of each queue."""
-        return {q: int(self.redis.llen(q)) for q in QUEUES}
-
-    def oldest_ages(self, now: float) -> dict[str, float]:
-        """The age of each queue's tail message, from the header its producer set."""
-        return {q: _oldest_age(self.redis, q, now) for q in QUEUES}
-
-
-def _oldest_age(redis: Any, queue: str, now: float) -> float:
-    raw = redis.lindex(queue, -1)  # LPUSH in, BRPOP out: the oldest is at the tail
-    if raw is None:
-        return 0.0
-    try:
-        sent = float(json.loads(raw)["headers"][SENT_AT_HEADER])
-    except (ValueError, KeyError, TypeError):
-        return 0.0
-    return max(0.0, now - sent)
-
-
-def _fields(raw: str, arity: int) -> list[str] | None:
-    # A field written by another release (fewer labels, other buckets) is skipped.
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(value, list) or len(value) != arity:
-        return None
-    return [str(v) for v in value]
-
-
-def render(redis: Any, queues: QueueGauges | None = None) -> str:
-    """Every metric, in the Prometheus text exposition format.
-
-    ``redis`` holds the invocation counters; ``queues`` reads the broker's queues (by
-    default the Redis lists of ``redis``). A queue whose oldest age is not known has
-    no age sample: none at all is better than a 0 that looks like an empty queue.
-    """
-    queues = RedisQueues(redis) if queues is None else queues
-    now = time.time()
-    lines = [
-        "# HELP cleveragents_queue_length Messages waiting in a queue (a batch chunk counts once).",
-        "# TYPE cleveragents_queue_length gauge",
-    ]
-    lengths = queues.lengths()
-    lines += [f"cleveragents_queue_length{_labels(queue=q)} {n}" for q, n in lengths.items()]
-    lines += [
-        "# HELP cleveragents_queue_oldest_age_seconds Age of the oldest waiting message.",
-        "# TYPE cleveragents_queue_oldest_age_seconds gauge",
-    ]
-    lines += [
-        f"cleveragents_queue_oldest_age_seconds{_labels(queue=q)} {age:.3f}"
-        for q, age in queues.oldest_ages(now).items()
-    ]
-    counts = RedisMetricStore(redis).totals()
-    lines += _invocations(counts)
-    lines += _histogram(counts)
-    lines += _waits(counts)
-    lines += _approvals(counts, redis, now)
-    lines += _redis_memory(redis)
-    return "\n".join(lines) + "\n"
-
-
-def _redis_memory(redis: Any) -> list[str]:
-    """The results' Redis: memory used, its maxmemory, whether its policy evicts
-    (none when its user may not run INFO)."""
-    try:
-        memory = read_memory(redis)
-    except RedisError:
-        return []
-    return [
-        "# HELP cleveragents_redis_used_memory_bytes Memory the Redis of results and metrics "
-        "uses (INFO memory used_memory).",
-        "# TYPE cleveragents_redis_used_memory_bytes gauge",
-        f"cleveragents_redis_used_memory_bytes {memory.used_bytes}",
-        "# HELP cleveragents_redis_maxmemory_bytes Its maxmemory (0: no limit).",
-        "# TYPE cleveragents_redis_maxmemory_bytes gauge",
-        f"cleveragents_redis_maxmemory_bytes {memory.max_bytes}",
-        "# HELP cleveragents_redis_evicting 1 when its maxmemory-policy evicts keys (workers "
-        "refuse it unless CLEVERAGENTS_ALLOW_EVICTION is set).",
-        "# TYPE cleveragents_redis_evicting gauge",
-        f"cleveragents_redis_evicting{_labels(policy=memory.policy)} {int(memory.evicts)}",
-    ]
-
-
-def _approvals(counts: MetricCounts, redis: Any, now: float) -> list[str]:
-    """Approvals by outcome, and how long the oldest parked invocation has waited."""
-    found: Counter[tuple[str, str, str]] = Counter()
-    for field, count in counts.invocations.items():
-        names = _fields(field, 4)
-        if names is not None and names[0] == _APPROVALS:
-            found[(names[1], names[2], names[3])] += int(count)
-    lines = [
-        "# HELP cleveragents_approvals_oldest_waiting_seconds How long the invocation waiting "
-        "longest for a person's approval has waited (0: none waits).",
-        "# TYPE cleveragents_approvals_oldest_waiting_seconds gauge",
-        f"cleveragents_approvals_oldest_waiting_seconds {_oldest_parked_s(redis, now):.3f}",
-    ]
-    if not found:
-        return lines
-    lines += [
-        "# HELP cleveragents_approvals_total Invocations parked for approval, and how each "
-        "ended: approved, rejected, expired.",
-        "# TYPE cleveragents_approvals_total counter",
-    ]
-    for (skill, tool, outcome), count in sorted(found.items()):
-        text = _labels(skill=skill, tool=tool, outcome=outcome)
-        lines.append(f"cleveragents_approvals_total{text} {count}")
-    return lines
-
-
-def _oldest_parked_s(redis: Any, now: float) -> float:
-    from cleveragents.stores.approvals_redis import RedisApprovalStore  # the exporter's only
-
-    oldest = RedisApprovalStore(redis, 0).oldest_asked_at()  # both fleets' indexes
-    return max(0.0, now - oldest) if oldest is not None else 0.0
-
-
-def _waits(counts: MetricCounts) -> list[str]:
-    waits: Counter[tuple[str, str]] = Counter()
-    waited_ms: Counter[tuple[str, str]] = Counter()
-    for field, count in counts.invocations.items():
-        names = _fields(field, 3)
-        if names is not None and names[0] in (_WAITS, _WAITED_MS):
-            (waits if names[0] == _WAITS else waited_ms)[(names[1], names[2])] += int(count)
-    if not waits:
-        return []
-    lines = [
-        "# HELP cleveragents_limit_waits_total Invocations sent back to wait for a tool's limits.",
-        "# TYPE cleveragents_limit_waits_total counter",
-    ]
-    for (skill, tool), count in sorted(waits.items()):
-        lines.append(f"cleveragents_limit_waits_total{_labels(skill=skill, tool=tool)} {count}")
-    lines += [
-        "# HELP cleveragents_limit_wait_seconds_total Time invocations were sent back to wait "
-        "for a tool's limits.",
-        "# TYPE cleveragents_limit_wait_seconds_total counter",
-    ]
-    for (skill, tool), ms in sorted(waited_ms.items()):
-        text = _labels(skill=skill, tool=tool)
-        lines.append(f"cleveragents_limit_wait_seconds_total{text} {ms / 1000:.3f}")
-    return lines
-
-
-def _invocations(counts: MetricCounts) -> list[str]:
-    series: Counter[tuple[str, ...]] = Counter()
-    for field, count in counts.invocations.items():
-        names = _fields(field, 5)
-        if names is None:
-            old = _fields(field, 4)  # counted before the reason label: reason ""
-            names = None if old is None else [*old, ""]
-        if names is not None:
-            series[tuple(names)] += int(count)
-    lines = [
-        "# HELP cleveragents_invocations_total Finished invocations.",
-        "# TYPE cleveragents_invocations_total counter",
-    ]
-    for (skill, tool, outcome, error, reason), count in sorted(series.items()):
-        text = _labels(skill=skill, tool=tool, outcome=outcome, error_type=error, reason=reason)
-        lines.append(f"cleveragents_invocations_total{text} {count}")
-    return lines
-
-
-def _histogram(counts: MetricCounts) -> list[str]:
-    buckets: dict[tuple[str, ...], Counter[str]] = {}
-    sums: dict[tuple[str, ...], float] = {}
-    for field, total in counts.sums.items():
-        names = _fields(field, 3)
-        if names is not None:
-            sums[tuple(names)] = total
-            buckets.setdefault(tuple(names), Counter())
-    for field, value in counts.durations.items():
-        names = _fields(field, 4)
-        if names is not None:
-            buckets.setdefault(tuple(names[:3]), Counter())[names[3]] += int(value)
-    lines = [
-        "# HELP cleveragents_invocation_duration_seconds Time an invocation took in the runtime.",
-        "# TYPE cleveragents_invocation_duration_seconds histogram",
-    ]
-    for (skill, tool, outcome), per_bucket in sorted(buckets.items()):
-        running = 0
-        for bound in [*(str(b) for b in BUCKETS), "+Inf"]:
-            running += per_bucket.get(bound, 0)
-            text = _labels(skill=skill, tool=tool, outcome=outcome, le=bound)
-            lines.append(f"cleveragents_invocation_duration_seconds_bucket{text} {running}")
-        text = _labels(skill=skill, tool=tool, outcome=outcome)
-        total = sums.get((skill, tool, outcome), 0.0)
-        lines.append(f"cleveragents_invocation_duration_seconds_sum{text} {total:.6f}")
-        lines.append(f"cleveragents_invocation_duration_seconds_count{text} {running}")
-    return lines
