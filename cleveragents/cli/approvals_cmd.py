@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import time
 from typing import Any
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from cleveragents.approvals.model import ApprovalError, Decision, Parked
@@ -20,6 +22,10 @@ from cleveragents.stores.audit_chain import verify as verify_trail
 from cleveragents.stores.factory import audit_secret
 
 __all__ = ["approvals", "audit"]
+
+#: The width a table is laid out in when it goes to a pipe or a file: wide enough that
+#: no row is folded (a table never pads itself to it).
+PIPED_WIDTH = 1000
 
 
 def _age(seconds: float) -> str:
@@ -70,11 +76,13 @@ def list_approvals(as_json: bool) -> None:
     # An id is copied whole into `approve`: the other columns give way, never the id.
     table.add_column("request id", min_width=widest, no_wrap=True, overflow="fold")
     for column in ("skill", "tool", "age", "asked by"):
-        table.add_column(column)
+        # folded, never clipped: a narrow terminal (or a pipe, 80 columns) shows it whole
+        table.add_column(column, overflow="fold")
     for record in waiting:
         age = _age(now - record.asked_at)
         table.add_row(record.request_id, record.skill, record.tool, age, record.asked_by or "")
-    console.print(table)
+    # On a terminal the table fits it (columns folded); through a pipe every row is whole
+    (console if console.is_terminal else Console(width=PIPED_WIDTH)).print(table)
     click.echo(
         "approve: cleveragents approvals approve ID   (show ID first: its arguments)", err=True
     )
@@ -146,6 +154,12 @@ def reject(request_id: str, reason: str, by: str | None) -> None:
     click.echo(f"rejected {request_id} (by {decision.by}): it will not run")
 
 
+def _shown(value: str) -> str:
+    """A value of an audit line as one word: quoted where it has spaces or quotes."""
+    plain = value and not any(c.isspace() or c in "\"'" for c in value)
+    return value if plain else json.dumps(value)
+
+
 def _or_fail(action: Any) -> Any:
     try:
         return action()
@@ -195,7 +209,7 @@ def audit(as_json: bool, request_id: str | None, since: str | None, verify: bool
                 print_json(record)
                 continue
             extra = " ".join(
-                f"{key}={record[key]}"
+                f"{key}={_shown(record[key])}"
                 for key in ("by", "reason", "gate", "error_type")
                 if key in record
             )
