@@ -4,16 +4,19 @@ every subcommand with the help its own module gives it (``cli/app.py``'s table).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import click
 import pytest
+import redis
 
 from cleveragents.cli.app import COMMANDS, LazyCommand, LazyGroup, cli
 from cleveragents.cli.skills_cmd import IMPORT
-from tests.support.procs import REPO
+from tests.support.procs import REPO, Worker
 
 #: What no command that does not use them may load.
 HEAVY = (
@@ -102,3 +105,58 @@ def test_a_lazy_group_imports_a_subcommand_once_on_first_use() -> None:
     assert first is not None
     assert group.get_command(context, "submit") is first
     assert cli.get_command(click.Context(cli), "no-such-command") is None
+
+
+#: Runs the CLI as the console script does, then prints (on its last stdout line) every
+#: TCP connection the process opened and every module it loaded.
+_COUNTED = """
+import atexit, json, socket, sys
+opened = []
+connect = socket.socket.connect
+def counted(self, address):
+    opened.append(str(address))
+    return connect(self, address)
+socket.socket.connect = counted
+atexit.register(lambda: print(json.dumps({"opened": opened, "modules": sorted(sys.modules)})))
+from cleveragents.cli.app import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _submit_wait(env: dict[str, str]) -> tuple[list[str], set[str]]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
+    args = ["submit", "local/text-tools", "local/word-count", "--args", '{"text": "a b"}']
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNTED, *args, "--wait"],
+        env={**base, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    *output, counted = done.stdout.strip().splitlines()
+    assert output == ['{"words": 2}']
+    found = json.loads(counted)
+    return found["opened"], set(found["modules"])
+
+
+def test_submit_wait_on_redis_opens_three_connections_and_loads_no_extras(
+    redis_url: str, start_worker: Callable[..., Worker]
+) -> None:
+    # Given a running worker, settled: it has served one invocation already
+    start_worker(redis_url, concurrency=1)
+    env = {"CLEVERAGENTS_BROKER_URL": redis_url, "CLEVERAGENTS_RESULT_BACKEND": redis_url}
+    _submit_wait(env)
+    server = redis.Redis.from_url(redis_url)
+    before = server.info("stats")["total_connections_received"]
+    # When one `submit --wait` runs
+    opened, modules = _submit_wait(env)
+    # Then it opened three connections (the backend's, its result subscription's, the
+    # broker channel's; the reach check pings on the backend's), as Redis counts too
+    received = server.info("stats")["total_connections_received"] - before
+    server.close()
+    assert len(opened) == 3, opened
+    assert received <= 3
+    # And it loaded neither the MCP SDK nor rich (nothing printed a table)
+    assert not {m for m in modules if m.split(".")[0] in ("mcp", "rich")}
+    assert not {m for m in modules if m.startswith(("cleveragents.mcp", "cleveragents.cli.batch"))}
