@@ -266,6 +266,8 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # message in it twice), and a publish that fails is Celery's to retry
         # (task_publish_retry) or, out of a failed batch, SkillClient._send_task's.
         "retry_on_timeout": not producer,
+        # A producer sends on the connection kombu opened the channel with: one, not two.
+        "one_pool": producer,
         # Fetch from the queues in the order the worker consumes them (reads,
         # writes, then batches) instead of round robin: when a process frees
         # up, a waiting interactive invocation goes before the next batch slice.

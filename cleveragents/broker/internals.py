@@ -255,6 +255,7 @@ INTERNALS: tuple[Internal, ...] = (
         (f"{_K_REDIS}:Channel._get_message_priority", "read"),
         (f"{_K_REDIS}:Channel._connparams", "read"),
         (f"{_K_REDIS}:Channel._create_client", "read"),
+        (f"{_K_REDIS}:Channel.async_pool", "read"),
         (f"{_K_REDIS}:Channel._queue_cycle+", "read"),
         (f"{_K_REDIS}:Channel._in_poll+", "read"),
         (f"{_K_REDIS}:Channel._expires+", "read"),

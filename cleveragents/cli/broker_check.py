@@ -6,12 +6,20 @@ reached Redis once: a mistyped URL or a Redis that is not running looked like a
 hang. So each CLI command that uses a broker pings the Redis servers it names
 first, for a few seconds (a RabbitMQ broker too), and says which setting to fix.
 The library keeps riding out restarts (it logs that it does: ``cleveragents.stores.redis_retry``).
+
+A Redis named by both settings is pinged once, and a command's own client is pinged
+through: the connection the check opens is the result backend's, which the command
+then uses (one ``submit --wait`` on one Redis holds three connections: the backend's,
+its result subscription's and the broker channel's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import click
 import kombu
@@ -33,13 +41,51 @@ __all__ = ["FIRST_CONTACT_S", "cli_client", "require_reachable"]
 FIRST_CONTACT_S = 3.0
 
 
-def _ping(url: str, setting: str) -> None:
+#: The connect time-out of a connection the check opens.
+CONNECT_S = 1.0
+
+
+def _redis_pool(client: SkillClient | None, url: str) -> Any:
+    """The connection pool of ``client``'s result backend when it is the Redis at ``url``."""
+    backend = client.app.backend if client is not None else None
+    redis_client = getattr(backend, "client", None)
+    if not isinstance(redis_client, redis.Redis) or getattr(backend, "url", None) != url:
+        return None
+    return redis_client.connection_pool
+
+
+@contextlib.contextmanager
+def _first_contact(pool: Any) -> Iterator[None]:
+    """The check's connect time-out on what ``pool`` connects meanwhile (then its own)."""
+    if pool is None:
+        yield
+        return
+    kwargs = pool.connection_kwargs
+    before = kwargs.get("socket_connect_timeout")
+    kwargs["socket_connect_timeout"] = CONNECT_S
+    try:
+        yield
+    finally:
+        kwargs["socket_connect_timeout"] = before
+
+
+def _ping(url: str, setting: str, pool: Any = None) -> None:
+    """Ping the Redis at ``url`` (through ``pool``, a client's, if given) for a few seconds."""
+    with _first_contact(pool):
+        _ping_until(url, setting, pool)
+
+
+def _ping_until(url: str, setting: str, pool: Any) -> None:
     shown = maybe_sanitize_url(url)
     deadline = time.monotonic() + FIRST_CONTACT_S
     while True:
         try:
-            client = redis.Redis.from_url(
-                redis_py_url(url), socket_connect_timeout=1.0, socket_timeout=2.0
+            client = (
+                redis.Redis(connection_pool=pool)
+                if pool is not None
+                else redis.Redis.from_url(
+                    redis_py_url(url), socket_connect_timeout=CONNECT_S, socket_timeout=2.0
+                )
             )
         except Exception:  # a URL only Celery reads as it is: the command's own path says why
             return
@@ -54,13 +100,13 @@ def _ping(url: str, setting: str) -> None:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             if time.monotonic() >= deadline:
                 raise CliFailure(
-                    f"cannot reach Redis at {shown} ({exc}): start it, or point {setting} "
-                    "at yours"
+                    f"cannot reach Redis at {shown} ({exc}): start it, or point {setting} at yours"
                 ) from None
         except Exception:  # not a reachability question (TLS options, say): left to the command
             return
         finally:
-            client.close()
+            if pool is None:  # a client's pool stays open for the client
+                client.close()
         time.sleep(0.25)
 
 
@@ -77,19 +123,24 @@ def _connect(url: str, setting: str) -> None:
                     f"password and vhost in {setting}"
                 ) from None
             raise CliFailure(
-                f"cannot reach RabbitMQ at {shown} ({text}): start it, or point {setting} "
-                "at yours"
+                f"cannot reach RabbitMQ at {shown} ({text}): start it, or point {setting} at yours"
             ) from None
 
 
-def require_reachable(settings: Settings) -> None:
-    """Reach each server the settings name (none on the embedded default), or fail in one line."""
+def require_reachable(settings: Settings, client: SkillClient | None = None) -> None:
+    """Reach each server the settings name (none on the embedded default), or fail in one line.
+
+    A Redis is pinged once whichever settings name it, through ``client``'s result
+    backend where that is the one.
+    """
     named = [("CLEVERAGENTS_BROKER_URL", settings.broker_url)]
     named.append(("CLEVERAGENTS_RESULT_BACKEND", settings.result_backend))
+    pinged: set[str] = set()
     for setting, url in named:
         scheme = (url or "").partition("://")[0].lower()
-        if url and scheme in ("redis", "rediss"):
-            _ping(url, setting)
+        if url and scheme in ("redis", "rediss") and url not in pinged:
+            pinged.add(url)
+            _ping(url, setting, _redis_pool(client, url))
         elif url and scheme in ("amqp", "amqps", "pyamqp"):
             _connect(url, setting)
 
@@ -97,8 +148,12 @@ def require_reachable(settings: Settings) -> None:
 def cli_client(settings: Settings | None = None) -> SkillClient:
     """A ``SkillClient`` for a CLI command, once the Redis it uses answers."""
     settings = settings or Settings.from_env()
-    require_reachable(settings)
     client = SkillClient(settings=settings)
+    try:
+        require_reachable(settings, client)
+    except BaseException:
+        client.close()
+        raise
     # The trace a CI job or a wrapper names (TRACEPARENT, TRACESTATE): its invocations join it
     named = os.environ.get("TRACEPARENT")
     given = {"traceparent": named, "tracestate": os.environ.get("TRACESTATE")}

@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import BaseModel
-from rich.console import Console
 
 from cleveragents.runtime.text import json_text
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    console: Console
+    err_console: Console
+
 __all__ = ["CliFailure", "console", "err_console", "print_json", "to_jsonable"]
 
-console = Console(highlight=False, soft_wrap=False)
-err_console = Console(stderr=True, highlight=False)
+
+@cache
+def _consoles() -> tuple[Console, Console]:
+    # rich is imported when a table is printed, not by every command that imports this
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False), Console(stderr=True, highlight=False)
+
+
+def __getattr__(name: str) -> Any:
+    """``console`` (stdout) and ``err_console`` (stderr): rich consoles, made on first use."""
+    if name == "console":
+        return _consoles()[0]
+    if name == "err_console":
+        return _consoles()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CliFailure(click.ClickException):
@@ -31,7 +50,8 @@ class CliFailure(click.ClickException):
 
 def to_jsonable(value: Any) -> Any:
     """Pydantic models and lists of them as plain JSON data."""
-    if isinstance(value, BaseModel):
+    pydantic = sys.modules.get("pydantic")  # not loaded: no value is a model
+    if pydantic is not None and isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, list):
         return [to_jsonable(v) for v in value]

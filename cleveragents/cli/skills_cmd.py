@@ -10,6 +10,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
+from cleveragents.cli.app import LazyCommand, LazyGroup
 from cleveragents.cli.render import CliFailure, console, err_console, print_json
 from cleveragents.errors import SkillErrorType, SkillNotFoundError, SkillResolutionError
 from cleveragents.runtime.kinds import load_tool_kinds
@@ -21,9 +22,7 @@ from cleveragents.skills.mcp_tools import export_catalogue
 __all__ = ["skills"]
 
 
-def _load(
-    paths: tuple[str, ...], *, checking: bool = False, strict: bool = False
-) -> Catalogue:
+def _load(paths: tuple[str, ...], *, checking: bool = False, strict: bool = False) -> Catalogue:
     """The catalogue of ``paths``, else of CLEVERAGENTS_CATALOGUE.
 
     Exit 2 when no path exists (nothing could be listed: a wrong path, not an empty
@@ -76,7 +75,15 @@ catalogue_option = click.option(
 )
 
 
-@click.group()
+#: ``skills import`` is ``cli/mcp_cmd.py``'s, imported when it runs.
+IMPORT = LazyCommand(
+    "cleveragents.cli.mcp_cmd",
+    "skills_import",
+    "Print a skill file whose tools are a remote MCP server's tools.",
+)
+
+
+@click.group(cls=LazyGroup, lazy={"import": IMPORT})
 def skills() -> None:
     """Inspect the skill catalogue (CLEVERAGENTS_CATALOGUE, or the bundled examples)."""
 

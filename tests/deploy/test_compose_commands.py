@@ -91,7 +91,7 @@ def _cleveragents_command(args: list[str]) -> tuple[list[str], click.Command | N
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
         name = rest.pop(0)
         path.append(name)
-        found = command.commands.get(name)
+        found = command.get_command(click.Context(command), name)  # imports a lazy one
         if found is None:
             return path, None, rest
         command = found

@@ -260,10 +260,15 @@ class Channel(kombu_redis.Channel):
     #: CLEVERAGENTS_READ_ONLY: what this worker holds is kept under the read-only
     #: role's keys (``RecoveryKeys``; kombu's ``unacked_key`` options name the same).
     recovery_read_only: bool = False
+    #: A producer's channel (``SkillClient``): what it sends goes through the pool of
+    #: kombu's ``client``, whose connection kombu pinged as the channel opened, so a
+    #: producer holds one connection to the broker instead of two.
+    one_pool: bool = False
     from_transport_options = (
         *kombu_redis.Channel.from_transport_options,
         "recovery_s",
         "recovery_read_only",
+        "one_pool",
     )
 
     @cached_property
@@ -282,6 +287,7 @@ class Channel(kombu_redis.Channel):
     _q_for_pri: Any
     _create_client: Any
     pool: Any
+    async_pool: Any
     connection_errors: Any
 
     #: What the consuming connection was last sent: "fetch" (the script), "wait" (on
@@ -307,14 +313,15 @@ class Channel(kombu_redis.Channel):
         few hundred microseconds, as much as the round trip itself). A client holds
         no connection of its own (each command takes one from the pool), so one
         serves them all; a new pool (after the channel reconnects) gets a new one.
+        With ``one_pool`` (a producer) that pool is kombu's ``client``'s.
         """
         if client:
             yield client
             return
-        pool = self.pool
+        pool = self.async_pool if self.one_pool else self.pool
         made = self._plain_client
         if made is None or made[0] is not pool:
-            made = self._plain_client = (pool, self._create_client())
+            made = self._plain_client = (pool, self._create_client(asynchronous=self.one_pool))
         yield made[1]
 
     _fetch_sha = hashlib.sha1(FETCH_LUA.encode()).hexdigest()
