@@ -189,6 +189,10 @@ class Settings:
     #: Run on a Redis whose maxmemory-policy evicts keys (it may drop queued
     #: invocations, write claims and results): refused unless this is set.
     allow_eviction: bool = False
+    #: The token of `cleveragents approvals serve` (docs/approvals.md, "In a browser").
+    approvals_token: str | None = field(default=None, repr=False)
+    #: The inbox's base URL as people reach it: the webhook's links point there.
+    approvals_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -234,6 +238,8 @@ class Settings:
             audit_maxlen=_positive_int(env, "CLEVERAGENTS_AUDIT_MAXLEN", 1_000_000),
             audit_key=(env.get("CLEVERAGENTS_AUDIT_KEY") or "").strip() or None,
             allow_eviction=_flag(env, "CLEVERAGENTS_ALLOW_EVICTION", False),
+            approvals_token=(env.get("CLEVERAGENTS_APPROVALS_TOKEN") or "").strip() or None,
+            approvals_url=(env.get("CLEVERAGENTS_APPROVALS_URL") or "").strip() or None,
         )
 
     @property
