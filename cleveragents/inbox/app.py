@@ -57,14 +57,16 @@ T = TypeVar("T")
 AUDIT_PAGE_EVENTS = 500
 #: A wrong token waits this long before its answer (a guesser's pace, not a person's).
 WRONG_TOKEN_DELAY_S = 0.5
-#: Headers of every answer: no framing, no caching, no referrer, scripts only from here.
+#: Headers of every answer: no framing, no caching, no referrer to other sites, scripts
+#: only from here.
 SECURITY_HEADERS = [
     (b"content-security-policy",
      b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
      b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not no-referrer: under it Chromium sends "Origin: null" with the inbox's own forms.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 _SPAN = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
