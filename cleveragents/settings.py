@@ -194,6 +194,13 @@ class Settings:
     sandbox: bool = False
     #: The bubblewrap program sandboxes are made with (a path, or a name on PATH).
     bwrap: str = "bwrap"
+    #: The token of `cleveragents approvals serve` (docs/approvals.md, "In a browser").
+    approvals_token: str | None = field(default=None, repr=False)
+    #: The inbox's base URL as people reach it: the webhook's links point there.
+    approvals_url: str | None = None
+    #: Where a worker POSTs a call that starts waiting (``approvals/webhook.py``); a Slack
+    #: webhook's URL is its secret, hence never shown.
+    approval_webhook: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -241,6 +248,9 @@ class Settings:
             allow_eviction=_flag(env, "CLEVERAGENTS_ALLOW_EVICTION", False),
             sandbox=_flag(env, "CLEVERAGENTS_SANDBOX", False),
             bwrap=(env.get("CLEVERAGENTS_BWRAP") or "").strip() or "bwrap",
+            approvals_token=(env.get("CLEVERAGENTS_APPROVALS_TOKEN") or "").strip() or None,
+            approvals_url=(env.get("CLEVERAGENTS_APPROVALS_URL") or "").strip() or None,
+            approval_webhook=(env.get("CLEVERAGENTS_APPROVAL_WEBHOOK") or "").strip() or None,
         )
 
     @property

@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cleveragents.approvals.model import ApprovalError, Decision, Parked
-from cleveragents.cli.broker_check import cli_client
+from cleveragents.cli.broker_check import cli_client, require_reachable
 from cleveragents.cli.render import CliFailure, console, print_json
+from cleveragents.errors import ConfigurationError
 from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.text import json_text
 from cleveragents.settings import Settings
@@ -158,6 +159,30 @@ def _shown(value: str) -> str:
     """A value of an audit line as one word: quoted where it has spaces or quotes."""
     plain = value and not any(c.isspace() or c in "\"'" for c in value)
     return value if plain else json.dumps(value)
+
+
+@approvals.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=8766, show_default=True, help="Port."
+)
+def serve(host: str, port: int) -> None:
+    """Serve the approvals inbox: people approve or reject in a browser.
+
+    On loopback by default. Anywhere else it needs CLEVERAGENTS_APPROVALS_TOKEN, and
+    with it every page asks for the token and the person's name first.
+    """
+    # The inbox builds on the MCP SDK's Starlette: imported only when this command runs.
+    from cleveragents.inbox.access import check_inbox_options
+    from cleveragents.inbox.serve import InboxOptions, serve_inbox
+
+    settings = Settings.from_env()
+    try:
+        check_inbox_options(host, settings.approvals_token)
+    except ConfigurationError as exc:
+        raise CliFailure(str(exc), exit_code=1) from None
+    require_reachable(settings)
+    serve_inbox(InboxOptions(host=host, port=port, token=settings.approvals_token), settings)
 
 
 def _or_fail(action: Any) -> Any:

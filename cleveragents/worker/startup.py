@@ -25,6 +25,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
+from cleveragents.approvals.webhook import check_webhook_url
 from cleveragents.broker import internals, patches
 from cleveragents.broker.celery_settings import broker_of, consumer_transport, fallback_facts
 from cleveragents.broker.redis.result_backend import worker_result_backend
@@ -58,6 +59,7 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         verdict = internals.check("worker", broker_of(settings), fallback_facts(settings))
         _start_notes.extend((logging.WARNING, line) for line in verdict.warnings)
         check_steps()
+        check_webhook_url(settings.approval_webhook)  # one line now, not a silent inbox later
         _check_redis_memory(settings, sender.app.conf.result_backend)
         transport = consumer_transport(settings)
         if transport is not None:  # before the consumer connects (celery_settings)
@@ -81,6 +83,7 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         time_limits.install(sender.app)
         # Load (and log problems) once in the parent: children inherit the catalogue.
         _check_sandboxes(state.current().catalogue)
+        state.share_webhook_warning()
     except (ConfigurationError, EvictingRedis) as exc:
         logging.getLogger("cleveragents.worker").critical("cannot start: %s", exc)
         raise SystemExit(2) from None

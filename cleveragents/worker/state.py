@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from cleveragents.approvals.gate import ApprovalGate
 from cleveragents.approvals.model import Resolution
+from cleveragents.approvals.webhook import ApprovalWebhook, Flag, shared_flag
 from cleveragents.constants import (
     LIMIT_KEY_PREFIX,
     READ_ONLY_LIMIT_KEY_PREFIX,
@@ -36,6 +38,7 @@ __all__ = [
     "current",
     "forget_inherited",
     "pipeline",
+    "share_webhook_warning",
     "start_approval_sweep",
     "start_key_sweep",
     "start_metrics",
@@ -46,6 +49,9 @@ _lock = threading.Lock()
 _state: WorkerState | None = None
 _pipeline: Pipeline | None = None
 _observer: WorkerObserver | None = None
+#: Whether the approval webhook's warning was given: made in the worker's main process,
+#: before the pool forks, so that its processes warn once between them.
+_webhook_warned: Flag | None = None
 
 
 @dataclass(frozen=True)
@@ -109,11 +115,28 @@ def pipeline(backend: Any) -> Pipeline:
                         ttl_s=state.settings.approval_ttl_s,
                         for_writes=state.settings.approval_for_writes,
                         on_park=lambda parked: _store_awaiting(backend, parked),
-                        on_change=_observer.approval,
+                        on_change=_approval_hooks(_observer, state.settings),
                     ),
                     line_span=_line_span if tracing_on() else None,
                 )
     return _pipeline
+
+
+def _approval_hooks(
+    observer: WorkerObserver, settings: Settings
+) -> Callable[[Resolution], None]:
+    """What the gate tells of each change: the metrics, and the webhook when one is set."""
+    if not settings.approval_webhook:
+        return observer.approval
+    webhook = ApprovalWebhook(
+        settings.approval_webhook, settings.approvals_url, warned=_webhook_warned
+    )
+
+    def changed(resolution: Resolution) -> None:
+        observer.approval(resolution)
+        webhook.on_change(resolution)  # queued: the POST never holds this delivery
+
+    return changed
 
 
 def _line_span(body: Any, request_id: str) -> Any:
@@ -150,6 +173,14 @@ def _limit_gate(stores: Any, settings: Settings) -> LimitGate:
         prefix = READ_ONLY_LIMIT_KEY_PREFIX if settings.read_only else LIMIT_KEY_PREFIX
         return RedisLimitGate(guard.client, settings.recovery_s, prefix)
     return FileLimitGate(settings.home.resolve() / "limits")
+
+
+def share_webhook_warning() -> None:
+    """Make the approval webhook's warning one for the whole worker (its main process,
+    before the pool forks)."""
+    global _webhook_warned
+    if _webhook_warned is None and current().settings.approval_webhook:
+        _webhook_warned = shared_flag()
 
 
 def forget_inherited() -> None:
