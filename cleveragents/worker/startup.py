@@ -37,6 +37,7 @@ from cleveragents.runtime.kinds import command as command_tool
 from cleveragents.runtime.output_limit import set_default_output_limit
 from cleveragents.runtime.sandbox import Sandboxing
 from cleveragents.settings import Settings
+from cleveragents.skills import Catalogue
 from cleveragents.stores.redis_capacity import EvictingRedis, check_eviction
 from cleveragents.worker import reconnect_log, state, time_limits
 from cleveragents.worker.consumer import check_steps
@@ -89,10 +90,10 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         raise SystemExit(2) from None
 
 
-def _check_sandboxes(catalogue: Any) -> None:
+def _check_sandboxes(catalogue: Catalogue) -> None:
     # One warning naming the sandboxed tools this worker cannot serve (runtime/sandbox.py);
     # the check is made here once, so pool processes inherit its verdict.
-    tools = [tool for name in catalogue.names() for tool in catalogue.own_tools(name)]
+    tools = [tool for name in catalogue.names for tool in catalogue.own_tools(name)]
     kind = command_tool.KIND
     warning = kind.sandboxing.unserved(tools, kind.user)
     if warning:

@@ -34,7 +34,7 @@ from cleveragents.runtime.sandbox import SANDBOX_UNAVAILABLE, Sandboxing
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue, SkillErrorType, SkillResult, ToolSpec
 from tests.fixtures.catalogues import request, single
-from tests.support.procs import REPO, process_alive
+from tests.support.procs import REPO, process_alive, wait_until
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -381,3 +381,17 @@ def test_a_sandboxed_stdio_mcp_server_is_imported_and_called_with_no_network(
     assert seen.success, seen.error
     assert seen.output_data["pid"] <= 3  # its own PID namespace: bwrap's init is 1
     assert REPO.exists()
+
+
+def test_a_worker_that_cannot_make_sandboxes_says_so_once_at_start(
+    redis_url: str, start_worker: Any
+) -> None:
+    # Given a worker where every command tool is sandboxed and bubblewrap is missing
+    worker = start_worker(
+        redis_url, CLEVERAGENTS_SANDBOX="1", CLEVERAGENTS_BWRAP="/nonexistent/bwrap"
+    )
+    # Then its log names the sandboxed tools it cannot serve, once, at start
+    said = "cannot make sandboxes"
+    wait_until(lambda: said in worker.log_text(), 30, "the start-up warning")
+    assert worker.log_text().count(said) == 1
+    assert "local/append-note" in worker.log_text()  # a command tool of the catalogue
