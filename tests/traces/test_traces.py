@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -251,7 +250,7 @@ def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
     redis_url: str, start_worker: Callable[..., Worker], receiver: OtlpReceiver
 ) -> None:
     env = {**receiver.env(), "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-    start_worker(redis_url, **env)
+    worker = start_worker(redis_url, **env)
     lines = [
         {"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": f"{n}"}}
         for n in range(20)
@@ -262,7 +261,9 @@ def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
         assert (
             client.submit("local/text-tools", "local/word-count", {"text": "x"}).result(60).success
         )
-    time.sleep(1.0)  # the batch processor exports every 100 ms here
+    # Once the worker has shut down, every span it made has been sent (its processes
+    # flush their spans as they leave)
+    worker.shut_down()
     assert receiver.named("execute_tool") == []
 
 
