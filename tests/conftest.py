@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
@@ -14,6 +15,7 @@ from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
 from tests.support import rabbit
 from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, RedisServer, Worker
+from tests.support.worker_runs import WorkerScenario
 
 #: Set to use an existing Redis (e.g. redis://127.0.0.1:6379/11) instead of a private one.
 EXTERNAL_REDIS_URL = os.environ.get("CLEVERAGENTS_TEST_REDIS_URL")
@@ -154,6 +156,18 @@ def start_worker() -> Iterator[Callable[..., Worker]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def scenario(
+    broker: Broker,
+    broker_client: SkillClient,
+    start_worker: Callable[..., Worker],
+    tmp_path: Path,
+) -> WorkerScenario:
+    """On each broker in turn: start a worker, submit, then read what happened
+    (tests/support/worker_runs.py)."""
+    return WorkerScenario(broker, broker_client, tmp_path, start_worker)
 
 
 @pytest.fixture

@@ -201,10 +201,6 @@ class GuardStore(Protocol):
         """Keep a poison invocation for inspection (newest first, the last 10,000)."""
         ...
 
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` dead letters, newest first."""
-        ...
-
     def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
         """Bind each request id to its content digest, atomically, where it is not bound yet.
 
@@ -253,10 +249,6 @@ class ResultStore(Protocol):
 
     def put_many(self, items: Iterable[tuple[str, SkillResult]]) -> None:
         """Store finished results, each under its own request id."""
-        ...
-
-    def put_payloads(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
-        """Store already-encoded result payloads (fields plus ``request_id``)."""
         ...
 
 

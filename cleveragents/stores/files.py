@@ -123,18 +123,6 @@ class FileGuardStore:
                 continue  # trimmed by another process meanwhile
         return [path for *_, path in sorted(stamped, reverse=True)]
 
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` dead letters, newest first."""
-        if not (self.folder / "dead-letter").is_dir():
-            return []
-        out = []
-        for path in self._dead_letter_files()[:limit]:
-            try:
-                out.append(json.loads(path.read_text(encoding="utf-8")))
-            except (FileNotFoundError, ValueError):
-                continue
-        return out
-
     def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
         """Bind ids to digests: an ``O_EXCL`` file per id, holding its digest."""
         return [self._bind_one(request_id, digest) for request_id, digest in pairs]

@@ -34,7 +34,8 @@ class MemoryGuardStore:
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self._claims: dict[str, Claim] = {}
-        self._dead: list[str] = []
+        #: The dead letters kept, newest first, as JSON text: what a test reads back.
+        self.dead: list[str] = []
         self._bound: dict[str, str] = {}
 
     def attempt(self, request_id: str) -> int:
@@ -66,12 +67,7 @@ class MemoryGuardStore:
         """Keep a poison invocation for inspection (newest first, the last 10,000)."""
         text = json.dumps({"request_id": request_id, **record})
         with self._lock:
-            self._dead = [text, *self._dead][:DEAD_LETTER_LIMIT]
-
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` dead letters, newest first."""
-        with self._lock:
-            return [json.loads(text) for text in self._dead[:limit]]
+            self.dead = [text, *self.dead][:DEAD_LETTER_LIMIT]
 
     def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
         """Bind ids to digests, behind the lock."""

@@ -172,11 +172,6 @@ class RedisGuardStore:
 
         retrying(push)
 
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` dead letters, newest first."""
-        raw = retrying(lambda: self.client.lrange(DEAD_LETTER_KEY, 0, limit - 1))
-        return [json.loads(value) for value in raw]
-
     def bind(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
         """Bind ids to digests: one ``SET NX GET`` each (Redis 7), in one round trip."""
         if not pairs:

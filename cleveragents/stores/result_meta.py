@@ -127,7 +127,3 @@ class KeyValueResults(ABC):
         metas = [(rid, stored_meta(result, rid)) for rid, result in items]
         if metas:
             self._write(metas)
-
-    def put_payloads(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
-        """Store already-encoded result payloads (fields plus ``request_id``)."""
-        self.put_many((rid, SkillResult.model_validate(payload)) for rid, payload in items)

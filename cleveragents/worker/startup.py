@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,43 +181,43 @@ def _flush_metrics(**_: Any) -> None:
     state.close_metrics()
 
 
+def _start_or_warn(what: str, start: Callable[[], object]) -> None:
+    """Start one of the worker's background services; a failure is a warning, never fatal."""
+    try:
+        start()
+    except Exception as exc:  # never keeps a worker from serving
+        log.warning("could not start %s: %s", what, exc)
+
+
 @worker_ready.connect
 def _start_metrics(sender: Any = None, **_: Any) -> None:
     # Every catalogue tool's series exist, at zero, before its first invocation: a
     # counter that appears at 1 is an increase that increase() and rate() never see.
     # Before the ready file: whoever waits for it finds them.
-    try:
-        state.start_metrics(sender.app.backend)
-    except Exception as exc:  # metrics never keep a worker from serving
-        log.warning("could not start the metrics at zero: %s", exc)
+    _start_or_warn("the metrics at zero", lambda: state.start_metrics(sender.app.backend))
 
 
 @worker_ready.connect
 def _start_key_sweep(sender: Any = None, **_: Any) -> None:
     # Request-id bindings and batch seals a producer made, and no worker has seen,
     # get a time to live (cleveragents/stores/key_sweep.py).
-    try:
-        state.start_key_sweep(sender.app.backend)
-    except Exception as exc:  # never keeps a worker from serving
-        log.warning("could not start the sweep of producers' keys: %s", exc)
+    _start_or_warn(
+        "the sweep of producers' keys", lambda: state.start_key_sweep(sender.app.backend)
+    )
 
 
 @worker_ready.connect
 def _start_memory_watch(sender: Any = None, **_: Any) -> None:
     # Warns before the results' Redis reaches its maxmemory (stores/redis_capacity.py).
-    try:
-        state.start_memory_watch(sender.app)
-    except Exception as exc:  # never keeps a worker from serving
-        log.warning("could not start the watch of Redis's memory: %s", exc)
+    _start_or_warn("the watch of Redis's memory", lambda: state.start_memory_watch(sender.app))
 
 
 @worker_ready.connect
 def _start_approval_sweep(sender: Any = None, **_: Any) -> None:
     # Parked invocations past their expiry are ended (cleveragents/worker/approval_sweep.py).
-    try:
-        state.start_approval_sweep(sender.app)
-    except Exception as exc:  # never keeps a worker from serving
-        log.warning("could not start the sweep of parked invocations: %s", exc)
+    _start_or_warn(
+        "the sweep of parked invocations", lambda: state.start_approval_sweep(sender.app)
+    )
 
 
 @worker_ready.connect

@@ -20,11 +20,19 @@ from cleveragents.approvals.model import (
 )
 from cleveragents.stores.approvals import ApprovalStore, FileApprovalStore, MemoryApprovalStore
 from cleveragents.stores.approvals_redis import RedisApprovalStore
+from tests.support.procs import wait_until
 
 
 def _asked(request_id: str = "r1") -> Parked:
     body = {"skill": "s", "tool": "t", "arguments": {"amount": 12}, "allow_writes": True}
     return Parked(request_id, "s", "t", "digest-1", body, asked_by="gen1@host")
+
+
+def _past(expires_at: float) -> None:
+    """Wait until the wall clock has passed ``expires_at``: the clock the stores compare
+    an expiry with (the Redis store asks the local server's TIME, the same clock), not an
+    event a test could wait for instead."""
+    wait_until(lambda: time.time() > expires_at + 0.01, 5, "the expiry", interval=0.01)
 
 
 @pytest.fixture(params=["memory", "file", "redis"])
@@ -90,8 +98,8 @@ def test_an_unknown_id_cannot_be_decided(store: ApprovalStore) -> None:
 def test_an_expired_approval_cannot_be_decided_and_expires_on_delivery(
     store: ApprovalStore,
 ) -> None:
-    store.resolve(_asked(), ttl_s=0.3)
-    time.sleep(0.5)
+    parked = store.resolve(_asked(), ttl_s=0.3)
+    _past(parked.record.expires_at)
     with pytest.raises(ApprovalError, match="expired unapproved"):
         store.decide("r1", Decision(APPROVED, "alice", None))
     record, decision = store.get("r1")
@@ -105,9 +113,9 @@ def test_an_expired_approval_cannot_be_decided_and_expires_on_delivery(
 
 
 def test_a_decision_taken_in_time_wins_over_a_late_delivery(store: ApprovalStore) -> None:
-    store.resolve(_asked(), ttl_s=0.5)
+    parked = store.resolve(_asked(), ttl_s=0.5)
     store.decide("r1", Decision(APPROVED, "alice", None))
-    time.sleep(0.7)  # past its expiry, but decided before it
+    _past(parked.record.expires_at)  # past its expiry, but decided before it
     assert store.resolve(_asked(), ttl_s=0.5).state == APPROVED
 
 

@@ -672,6 +672,7 @@ def test_the_progress_bar_counts_lines_finished_in_any_order_and_says_what_is_wr
 def _ctrl_c() -> None:
     """A Ctrl-C to this process, its handler run before this returns."""
     os.kill(os.getpid(), signal.SIGINT)
+    # Ends as the handler raises (the signal interrupts the sleep): 0.5 s is only its bound
     time.sleep(0.5)
 
 

@@ -18,7 +18,6 @@ import logging
 import re
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -317,7 +316,13 @@ def test_worker_user_may_take_every_redis_path_of_the_workers_code(
     permit = gate.take("s|t", Limits(concurrency=1, rate="5/s"))
     assert isinstance(permit, Permit)
     assert isinstance(gate.take("s|t", Limits(concurrency=1)), float)
-    time.sleep(gate.renew_s * 2)  # a renewal or two, under the worker's user
+    # A renewal under the worker's user moves the slot's lease on (a denied one would not)
+    running = f"{gate.prefix}s|t:running"
+    leased = acl_redis.admin().zscore(running, permit.token)
+    assert leased is not None
+    wait_until(
+        lambda: (acl_redis.admin().zscore(running, permit.token) or 0) > leased, 10, "a renewal"
+    )
     permit.release()
     app.close()
     # The exporter reads what the worker counted

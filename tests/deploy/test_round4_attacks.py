@@ -38,6 +38,7 @@ from cleveragents.stores.quotas import Permit, RedisLimitGate
 from tests.support.acl_roles import compose_worker, producer_client, role_app
 from tests.support.composefile import RedisWithUsers, _program, _subprocess_env
 from tests.support.procs import wait_until
+from tests.support.worker_runs import run_keys
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -85,12 +86,6 @@ def _cli(
         timeout=120,
         check=False,
     )
-
-
-def _lines(log: Path) -> list[str]:
-    if not log.exists():
-        return []
-    return [json.loads(line)["key"] for line in log.read_text(encoding="utf-8").splitlines()]
 
 
 # ---- 1: a record planted for the write fleet's approval sweep ---------------------------------
@@ -181,7 +176,7 @@ def test_a_planted_parked_record_is_refused_by_the_sweep_and_never_runs(
         assert f"parked invocation {rid}" in text
         assert "not sent on" in text
         assert "planted" not in text.replace(rid, "").replace("planted-", "")  # no argument
-    assert _lines(log) == []
+    assert run_keys(log) == []
     assert server.admin().llen("skills.write") == 0
 
 
@@ -238,7 +233,7 @@ def test_an_approval_names_the_digest_shown_and_a_rewritten_call_is_refused(
         assert "at least its first 12 hex digits" in short.stderr
         # And nothing ran
         assert not handle.ready()
-    assert _lines(log) == []
+    assert run_keys(log) == []
 
 
 def test_a_worker_runs_only_a_delivery_whose_digest_is_the_decisions(
@@ -277,7 +272,7 @@ def test_a_worker_runs_only_a_delivery_whose_digest_is_the_decisions(
         # Then it does not run: the decision is about the other digest; the call is parked
         wait_until(lambda: producer.state(rid) == STATE_AWAITING_APPROVAL, 60, "it to park again")
         app.close()
-    assert _lines(log) == ["payee-A 1200"]
+    assert run_keys(log) == ["payee-A 1200"]
 
 
 # ---- 3: a trimmed and forged audit trail ------------------------------------------------------
@@ -297,7 +292,7 @@ def test_audit_verify_passes_a_whole_trail_and_names_a_trim_and_a_forged_event(
                 SKILL, RECORD, {"log": str(log), "key": f"k{n}"}, allow_writes=True
             )
             assert handle.result(timeout=60).success
-    assert len(_lines(log)) == 4
+    assert len(run_keys(log)) == 4
     # Then the trail verifies, with the workers' key
     whole = _cli(server, "approver", tmp_path, "audit", "--verify", **key)
     assert whole.returncode == 0, whole.stdout + whole.stderr
@@ -422,4 +417,4 @@ def test_a_write_pushed_onto_the_read_queue_by_a_readonly_worker_runs_without_wr
     assert not result.success
     assert result.error is not None
     assert result.error.error_type == "permission_denied", result.error
-    assert _lines(log) == []
+    assert run_keys(log) == []

@@ -37,7 +37,6 @@ from tests.support.fault_rig import (
     submit,
 )
 from tests.support.fault_scenarios import (
-    deliveries,
     scenario_child_kill_mid_tool,
     scenario_child_kills_under_load,
     scenario_duplicate_submission,
@@ -49,6 +48,7 @@ from tests.support.fault_scenarios import (
     scenario_reply_lost_in_flight,
     scenario_worker_kill,
 )
+from tests.support.worker_runs import deliveries
 
 # --------------------------------------------------------------------------- tests
 

@@ -54,6 +54,7 @@ def test_a_frozen_worker_lets_the_other_workers_result_stand(frozen_rig: Rig) ->
     try:
         result = client.wait(request_id, timeout=FROZEN_S)
         recovered_s = time.monotonic() - stopped
+        # A frozen whole for FROZEN_S, the scenario's length: not a wait for an event
         time.sleep(max(0.0, FROZEN_S - (time.monotonic() - stopped)))
     finally:
         os.killpg(first.proc.pid, signal.SIGCONT)

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from cleveragents.client import SkillClient
+from cleveragents.client import InvocationHandle, SkillClient
 from cleveragents.settings import Settings
 from tests.conftest import Broker
 from tests.support.procs import EXAMPLE_SKILLS, RedisServer, kill_group, wait_until
+from tests.support.worker_runs import answered_in, quiet, received_in
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,18 +42,36 @@ def aof_redis() -> Iterator[RedisServer]:
 def _ride_out(client: SkillClient, fault: Callable[[], object], log: Callable[[], str]) -> None:
     """``RESTARTS`` times: invocations running and waiting as ``fault`` hits, until the
     worker's ``log`` says it connected again; then every one ends in a success."""
-    sent = []
+    sent: list[InvocationHandle] = []
     for n in range(RESTARTS):
-        sent += [
+        batch = [
             client.submit(client.build_request("local/common", "local/sleep", {"seconds": 1.5}))
             for _ in range(4)
         ]
-        time.sleep(0.5)
+        sent += batch
+        wait_until(
+            lambda batch=batch: any(client.state(h.request_id) == "STARTED" for h in batch),
+            30,
+            "an invocation running as the fault hits",
+        )
         fault()
         wait_until(lambda n=n: log().count("again, after") > n, 60, "the worker connected again")
     results = [handle.result(timeout=90) for handle in sent]
     assert [r.success for r in results] == [True] * len(sent), [r.error for r in results]
-    time.sleep(1)
+    # And every delivery the worker received is answered, and acknowledged: nothing is left
+    # that could still log (an acknowledgement the outage cut off included)
+    broker, results_url = client.settings.broker_url, client.settings.result_backend
+    assert broker is not None
+    assert results_url is not None
+
+    def settled() -> bool:
+        text = log()
+        done = all(
+            received_in(text, h.request_id) == answered_in(text, h.request_id) for h in sent
+        )
+        return done and quiet(broker, results_url)
+
+    wait_until(settled, 30, "every delivery answered and acknowledged")
 
 
 def test_a_redis_restart_leaves_one_warning_one_line_back_and_no_traceback(
@@ -83,7 +102,7 @@ def test_a_redis_restart_leaves_one_warning_one_line_back_and_no_traceback(
 
         def restart() -> None:
             aof_redis.stop(signal.SIGKILL)
-            time.sleep(3)
+            time.sleep(3)  # the outage itself, the scenario's length: not a wait for an event
             aof_redis.start()
 
         # Given invocations running and waiting as Redis goes away; then all succeed

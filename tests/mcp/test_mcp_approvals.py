@@ -32,6 +32,7 @@ from cleveragents.mcp.naming import ToolTable
 from cleveragents.skills import Catalogue
 from tests.support.mcp_support import CLEVERAGENTS, serve_env, text_of, wait_for
 from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, Worker
+from tests.support.worker_runs import run_keys
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -128,12 +129,6 @@ def _structured(result: types.CallToolResult) -> dict[str, Any]:
     return dict(result.structured_content)
 
 
-def _payments(log: Path) -> list[str]:
-    if not log.exists():
-        return []
-    return [json.loads(line)["key"] for line in log.read_text(encoding="utf-8").splitlines()]
-
-
 def _answering(
     action: str, content: dict[str, Any] | None, asked: list[types.ElicitRequestFormParams]
 ) -> ElicitationFnT:
@@ -160,7 +155,7 @@ def test_an_accepted_elicitation_approves_and_the_write_runs(
 
     assert result.is_error is False, text_of(result)
     assert result.structured_content == {"key": "pay-1"}
-    assert _payments(log) == ["pay-1"]
+    assert run_keys(log) == ["pay-1"]
     # The person was asked once, with the skill, the tool and the arguments.
     (question,) = asked
     for named in (SKILL, PAY, '"key": "pay-1"', json.dumps(str(log))):
@@ -195,7 +190,7 @@ def test_a_declined_or_cancelled_elicitation_rejects_and_nothing_runs(
         == {"decline": "declined", "cancel": "cancelled"}[action] + " over MCP"
     )
     assert len(asked) == 1
-    assert _payments(log) == []
+    assert run_keys(log) == []
     _, decision = client.approvals.show(_request_id(result))
     assert decision is not None
     assert (decision.outcome, decision.by) == ("rejected", f"mcp-client:{CLIENT_NAME}")
@@ -236,7 +231,7 @@ def test_without_the_opt_in_a_client_that_accepts_everything_cannot_approve_its_
     _, decision = client.approvals.show(request_id)
     assert decision is None
     assert client.state(request_id) == STATE_AWAITING_APPROVAL
-    assert _payments(log) == []
+    assert run_keys(log) == []
     events = [event["event"] for event in client.approvals.audit(request_id=request_id)]
     assert not {"approved", "rejected", "started", "succeeded"} & set(events), events
 
@@ -258,11 +253,11 @@ def test_a_client_without_elicitation_is_told_how_to_approve_and_the_call_stays_
     # It stays parked (the server is gone): listed, undecided, not run.
     assert request_id in [parked.request_id for parked in client.approvals.pending()]
     assert client.state(request_id) == STATE_AWAITING_APPROVAL
-    assert _payments(log) == []
+    assert run_keys(log) == []
     # Approved as the result says, it runs.
     client.approve(request_id, by="tester")
     assert client.wait(request_id, timeout=60).success
-    assert _payments(log) == ["pay-3"]
+    assert run_keys(log) == ["pay-3"]
 
 
 def test_an_answer_after_a_decision_taken_elsewhere_does_not_break_the_call(
@@ -282,7 +277,7 @@ def test_an_answer_after_a_decision_taken_elsewhere_does_not_break_the_call(
     result, _ = _call(fleet, tmp_path, {"log": str(log), "key": "pay-4"}, approved_meanwhile)
 
     assert result.is_error is False, text_of(result)
-    assert _payments(log) == ["pay-4"]
+    assert run_keys(log) == ["pay-4"]
     _, decision = client.approvals.show(_request_id(result))
     assert decision is not None
     assert (decision.outcome, decision.by) == ("approved", "ops")
@@ -305,7 +300,7 @@ def test_a_client_that_fails_to_ask_is_told_how_to_approve(
     assert f"cleveragents approvals approve {request_id}" in text_of(result)
     assert _structured(result)["state"] == "awaiting_approval"
     assert request_id in [parked.request_id for parked in client.approvals.pending()]
-    assert _payments(log) == []
+    assert run_keys(log) == []
 
 
 def test_a_question_left_open_is_withdrawn_when_the_call_ends(
@@ -333,5 +328,5 @@ def test_a_question_left_open_is_withdrawn_when_the_call_ends(
     result, _ = _call(fleet, tmp_path, arguments, never_answers, question_withdrawn)
 
     assert result.is_error is False, text_of(result)
-    assert _payments(log) == ["pay-6"]
+    assert run_keys(log) == ["pay-6"]
     assert withdrawn == [True]

@@ -6,6 +6,7 @@ one line per execution to a file, so a test counts how often a tool really ran.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -223,6 +224,12 @@ def test_a_claim_of_another_host_is_trusted_until_its_deadline(
 # --- poison messages ---------------------------------------------------------------
 
 
+def _dead_letters(stores: Stores) -> list[dict[str, Any]]:
+    """What the in-memory guard kept as dead letters, newest first."""
+    assert isinstance(stores.guard, MemoryGuardStore)
+    return [json.loads(text) for text in stores.guard.dead]
+
+
 def test_redeliveries_are_counted_and_end_as_poison_after_the_limit(
     catalogue: Catalogue, tmp_path: Path
 ) -> None:
@@ -243,7 +250,7 @@ def test_redeliveries_are_counted_and_end_as_poison_after_the_limit(
     assert poison.error.details["attempts"] == MAX_ATTEMPTS
     assert (poison.skill_name, poison.tool_name) == (SKILL, READ)
     # And its dead letter is kept once, by the delivery that crossed the limit
-    assert stores.guard.dead_letters() == [
+    assert _dead_letters(stores) == [
         {"request_id": "p-1", "skill": SKILL, "tool": READ, "attempts": MAX_ATTEMPTS}
     ]
 
@@ -271,7 +278,7 @@ def test_without_marked_redeliveries_every_delivery_is_counted(
     ]
     assert [r.success for r in outcomes] == [True] * MAX_ATTEMPTS + [False]
     assert reason(outcomes[-1]) == "poison_message"
-    assert len(stores.guard.dead_letters()) == 1
+    assert len(_dead_letters(stores)) == 1
 
 
 def test_a_message_without_a_request_id_runs_unguarded_and_is_observed(

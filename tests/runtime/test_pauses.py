@@ -19,13 +19,15 @@ from tests.support.procs import REPO
 pytestmark = pytest.mark.timeout(60)
 
 #: Runs ``work`` (sleep argv[2] s in steps, as a tool) under a deadline of argv[3] s, in
-#: the main thread or another one (argv[1]); prints "ran" or "timed out".
+#: the main thread or another one (argv[1]); prints "working" as it starts, then "ran" or
+#: "timed out".
 _CHILD = """
 import sys, threading, time
 from cleveragents.runtime.deadline import ToolTimeout, call_with_deadline
 where, busy, timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 
 def work():
+    print("working", flush=True)
     end = time.monotonic() + busy
     while time.monotonic() < end:
         time.sleep(0.05)
@@ -55,10 +57,10 @@ def _run(where: str, busy_s: float, timeout_s: float, pause_s: float) -> str:
     )  # fmt: skip
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "started"
+    assert child.stdout.readline().strip() == "working"  # the tool runs, under its deadline
     if pause_s:
-        time.sleep(0.5)
         os.kill(child.pid, signal.SIGSTOP)
-        time.sleep(pause_s)
+        time.sleep(pause_s)  # the pause itself, the scenario's length: not a wait for an event
         os.kill(child.pid, signal.SIGCONT)
     out, _ = child.communicate(timeout=30)
     return out.strip()

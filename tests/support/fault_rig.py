@@ -19,19 +19,12 @@ import redis
 from cleveragents.batch.api import as_items
 from cleveragents.batch.api import run_many as batch_runner
 from cleveragents.client import SkillClient
-from cleveragents.constants import (
-    CLAIM_KEY_PREFIX,
-    HELD_KEY,
-    QUEUE_BATCH,
-    QUEUE_BATCH_WRITE,
-    QUEUE_READ,
-    QUEUE_WRITE,
-)
+from cleveragents.constants import CLAIM_KEY_PREFIX
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from tests.conftest import worker_env
 from tests.support.procs import RedisServer, Worker
-from tests.support.rabbit import queue_state
+from tests.support.worker_runs import quiet
 
 SKILL = "test/faults"
 READ = "test/read"
@@ -44,8 +37,6 @@ VISIBILITY_S = 4.0
 #: CLEVERAGENTS_RECOVERY_S of the rig's workers: a dead worker's messages come back within
 #: it (cleveragents/broker/redis/transport.py), whatever the visibility timeout.
 RECOVERY_S = 4.0
-#: The queues invocations travel in (the dead-letter queue is not one of them).
-SKILL_QUEUES = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -188,21 +179,9 @@ class Rig:
             return list(client.lrange(f"{CLAIM_KEY_PREFIX}dead-letter", 0, -1))
 
     def quiet(self) -> bool:
-        """True when no message waits in a skill queue and, on Redis, none is handed out.
-
-        On Redis a message handed out and not acknowledged is one a sweep or the reaper
-        could hand out again; on RabbitMQ such a message is one a worker has received
-        (its log says so), and it comes back only if that worker's channel closes.
-        """
-        try:
-            if self.broker is not None:
-                return sum(queue_state(self.broker, q)[0] for q in SKILL_QUEUES) == 0
-            with self._redis() as client:
-                waiting = sum(int(client.llen(q)) for q in SKILL_QUEUES)
-                handed_out = int(client.hlen("unacked")) + int(client.hlen(HELD_KEY))
-        except Exception:  # Redis down, RabbitMQ busy: not known to be quiet
-            return False
-        return waiting == 0 and handed_out == 0
+        """True when no message waits in a skill queue and, on Redis, none is handed out
+        (``worker_runs.quiet``)."""
+        return quiet(self.broker or self.url, self.url)
 
     def close(self) -> None:
         for client in self.clients:

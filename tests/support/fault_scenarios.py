@@ -27,6 +27,7 @@ from tests.support.fault_rig import (
     wait_results,
 )
 from tests.support.procs import Worker, kill_group, wait_until
+from tests.support.worker_runs import answered, deliveries
 
 # --------------------------------------------------------------------------- scenarios
 
@@ -275,20 +276,6 @@ def scenario_reply_lost_in_flight(r: Rig, *, wait_s: float) -> dict[str, Any]:
         }
     finally:
         proxy.close()
-
-
-def deliveries(workers: Iterable[Worker], request_id: str) -> int:
-    """How many times the workers received ``skills.invoke`` for ``request_id`` (their logs)."""
-    line = f"Task skills.invoke[{request_id}] received"
-    return sum(worker.log_text().count(line) for worker in workers)
-
-
-def answered(workers: Iterable[Worker], request_id: str) -> int:
-    """How many deliveries of ``request_id`` the workers are done with: each logs one line
-    (``succeeded``, ``ignored``, ``raised``...) after its result is stored."""
-    task = f"Task skills.invoke[{request_id}] "
-    logs = [worker.log_text() for worker in workers]
-    return sum(log.count(task) - log.count(f"{task}received") for log in logs)
 
 
 def settled(r: Rig, request_id: str, workers: Iterable[Worker] | None = None) -> bool:

@@ -185,5 +185,17 @@ class Worker:
             kill_group(self.proc, signal.SIGKILL)
             self.proc = None
 
+    def shut_down(self, timeout: float = 60) -> None:
+        """A warm shutdown, as ``docker stop`` asks: SIGTERM to the main process only.
+
+        Returns once the worker has exited; its pool processes flush their metric counts
+        and spans as they leave (cleveragents/worker/startup.py), so by then every count
+        and span the worker made has been sent.
+        """
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout)
+        self.proc = None
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from cleveragents.client import SkillClient
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue, SkillResult
+from cleveragents.traces import otel
 from tests.conftest import Broker
 from tests.runtime.test_mcp_kind import ROOT_TOOL_USER
 from tests.support.mcp_remote import MCP_KIND_SKILLS
@@ -161,6 +161,37 @@ print(json.dumps([out["success"], [m for m in watched if m in sys.modules]]))
 """
 
 
+def test_an_invocations_span_is_exported_in_its_callers_trace_without_a_worker(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given this process exporting to the receiver, as a worker's pool process would
+    for name, value in receiver.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(otel, "_provider", None)
+    monkeypatch.setattr(otel, "_tracer_of_pid", None)
+    monkeypatch.setattr(otel, "_pid", 0)
+    with TracerProvider().get_tracer("agent").start_as_current_span("agent turn") as agent:
+        headers = otel.carrier()
+    # When an invocation runs in the trace its headers carry
+    done = SkillResult(skill_name="local/text-tools", tool_name="local/word-count", success=True)
+    with (
+        otel.attached(headers),
+        otel.tool_span("local/text-tools", "local/word-count", "r-1") as record,
+    ):
+        record(done, None)
+    otel.flush()
+    try:
+        [span] = _spans(receiver, 1)
+    finally:
+        assert otel._provider is not None
+        otel._provider.shutdown()
+    # Then its span is the agent's span's child, and names the invocation
+    assert span.trace_id == format(agent.get_span_context().trace_id, "032x")
+    assert span.parent_span_id == format(agent.get_span_context().span_id, "016x")
+    assert span.attributes["gen_ai.tool.call.id"] == "r-1"
+    assert span.attributes["cleveragents.skill"] == "local/text-tools"
+
+
 @pytest.mark.parametrize("extra", ["installed", "block"])
 def test_without_tracing_nothing_of_it_is_imported_or_paid(redis_url: str, extra: str) -> None:
     env = {**_clean_env(), "CLEVERAGENTS_BROKER_URL": redis_url, "PYTHONPATH": str(REPO)}
@@ -251,7 +282,7 @@ def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
     redis_url: str, start_worker: Callable[..., Worker], receiver: OtlpReceiver
 ) -> None:
     env = {**receiver.env(), "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-    start_worker(redis_url, **env)
+    worker = start_worker(redis_url, **env)
     lines = [
         {"skill": "local/text-tools", "tool": "local/word-count", "arguments": {"text": f"{n}"}}
         for n in range(20)
@@ -262,7 +293,9 @@ def test_a_sampler_that_drops_every_root_line_makes_no_line_span(
         assert (
             client.submit("local/text-tools", "local/word-count", {"text": "x"}).result(60).success
         )
-    time.sleep(1.0)  # the batch processor exports every 100 ms here
+    # Once the worker has shut down, every span it made has been sent (its processes
+    # flush their spans as they leave)
+    worker.shut_down()
     assert receiver.named("execute_tool") == []
 
 

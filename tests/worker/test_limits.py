@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -27,38 +26,28 @@ from cleveragents.client import SkillClient
 from cleveragents.metrics.exporter import render
 from cleveragents.skills.policies import Limits
 from cleveragents.stores.quotas import FileLimitGate, Permit
-from tests.conftest import Broker
 from tests.support.procs import Worker, kill_group, wait_until
+from tests.support.worker_runs import WorkerScenario, runs
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _runs(log: Path, key: str | None = None) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-    return [row for row in rows if key is None or row["key"] == key]
-
-
 def test_one_at_a_time_never_runs_twice_at_once_and_other_tools_run_beside_it(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
+    scenario: WorkerScenario,
 ) -> None:
-    start_worker(broker, concurrency=2)
-    limited_log, quick_log = tmp_path / "limited.jsonl", tmp_path / "quick.jsonl"
+    scenario.start_worker(concurrency=2)
+    limited_log, quick_log = scenario.folder / "limited.jsonl", scenario.folder / "quick.jsonl"
     # Given 4 runs of a tool limited to one at a time, 1 s each
     limited = [
-        broker_client.submit("test/limits", "test/one-at-a-time",
+        scenario.client.submit("test/limits", "test/one-at-a-time",
                              {"log": str(limited_log), "key": f"l{n}", "seconds": 1})
         for n in range(4)
     ]  # fmt: skip
-    wait_until(lambda: broker_client.state(limited[0].request_id) == "STARTED", 30, "the first")
+    wait_until(lambda: scenario.client.state(limited[0].request_id) == "STARTED", 30, "the first")
     # When 10 quick reads of another tool are sent meanwhile
     sent = time.monotonic()
     quick = [
-        broker_client.submit("test/limits", "test/quick", {"log": str(quick_log), "key": f"q{n}"})
+        scenario.client.submit("test/limits", "test/quick", {"log": str(quick_log), "key": f"q{n}"})
         for n in range(10)
     ]
     # Then they finish within 3 s: no pool process waits for the limited tool
@@ -68,28 +57,23 @@ def test_one_at_a_time_never_runs_twice_at_once_and_other_tools_run_beside_it(
     for handle in limited:
         assert handle.result(timeout=60).success
     # And the limited tool never ran twice at once (measured by the tool itself)
-    spans = sorted((row["start"], row["end"]) for row in _runs(limited_log))
+    spans = sorted((row["start"], row["end"]) for row in runs(limited_log))
     assert len(spans) == 4
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end - 0.01, spans
     # And the metrics count the waits, by tool
-    store = redis.Redis.from_url(broker.backend)
+    store = redis.Redis.from_url(scenario.broker.backend)
     series = 'cleveragents_limit_waits_total{skill="test/limits",tool="test/one-at-a-time"}'
     wait_until(lambda: series in render(store), 30, "the waits to be counted")
     assert "cleveragents_limit_wait_seconds_total" in render(store)
     store.close()
 
 
-def test_a_rate_spreads_starts_across_two_workers(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
-) -> None:
-    client = broker_client
-    start_worker(broker, concurrency=2)
-    start_worker(broker, concurrency=2)
-    log = tmp_path / "rated.jsonl"
+def test_a_rate_spreads_starts_across_two_workers(scenario: WorkerScenario) -> None:
+    client = scenario.client
+    scenario.start_worker(concurrency=2)
+    scenario.start_worker(concurrency=2)
+    log = scenario.folder / "rated.jsonl"
     began = time.time()
     handles = [
         client.submit("test/limits", "test/five-a-second", {"log": str(log), "key": f"r{n}"})
@@ -98,7 +82,7 @@ def test_a_rate_spreads_starts_across_two_workers(
     for handle in handles:
         assert handle.result(timeout=60).success
     took = time.time() - began
-    starts = sorted(row["start"] for row in _runs(log))
+    starts = sorted(row["start"] for row in runs(log))
     assert len(starts) == 30
     # No more than 5 starts in any 1 s window, on the tools' own clocks (a start counts
     # for its window and a margin: the tool starts a little after its permit)
@@ -110,18 +94,15 @@ def test_a_rate_spreads_starts_across_two_workers(
 
 
 def test_a_slot_held_by_a_killed_worker_comes_back_within_the_recovery_time(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
+    scenario: WorkerScenario,
 ) -> None:
-    client = broker_client
+    client = scenario.client
     recovery = {"CLEVERAGENTS_RECOVERY_S": "4"}
-    first = start_worker(broker, **recovery)
-    log = tmp_path / "limited.jsonl"
+    first = scenario.start_worker(**recovery)
+    log = scenario.folder / "limited.jsonl"
     # Given a worker running the one-at-a-time tool for long
     # (its message is handed to the next worker too, where it ends at once: ``once``)
-    once = str(tmp_path / "slept")
+    once = str(scenario.folder / "slept")
     long = client.submit("test/limits", "test/one-at-a-time",
                          {"log": str(log), "key": "long", "seconds": 60, "once": once})  # fmt: skip
     # (STARTED is stored when the id is bound, before the tool runs: a kill in between
@@ -132,11 +113,11 @@ def test_a_slot_held_by_a_killed_worker_comes_back_within_the_recovery_time(
     assert first.proc is not None
     kill_group(first.proc, signal.SIGKILL)
     killed = time.time()
-    start_worker(broker, **recovery)
+    scenario.start_worker(**recovery)
     handle = client.submit("test/limits", "test/one-at-a-time", {"log": str(log), "key": "next"})
     assert handle.result(timeout=60).success
     # Then it started within the recovery time of the kill (plus the start-up of the worker)
-    [row] = _runs(log, "next")
+    [row] = runs(log, "next")
     assert row["start"] - killed < 4.0 + 3.0, row["start"] - killed
 
 

@@ -8,62 +8,45 @@ id, and the final result says how many attempts ran.
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cleveragents.client import SkillClient
-from tests.conftest import Broker
 from tests.support.procs import Worker, kill_group, wait_until
+from tests.support.worker_runs import WorkerScenario, runs
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _runs(log: Path, key: str) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-    return [row for row in rows if row["key"] == key]
-
-
 def test_a_read_failing_twice_succeeds_on_its_third_attempt_after_its_backoff(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
+    scenario: WorkerScenario,
 ) -> None:
-    start_worker(broker)
-    log = tmp_path / "runs.jsonl"
+    scenario.start_worker()
+    log = scenario.folder / "runs.jsonl"
     args = {"log": str(log), "key": "a", "fail_times": 2}
-    result = broker_client.submit("test/retries", "test/flaky-3", args).result(timeout=60)
+    result = scenario.client.submit("test/retries", "test/flaky-3", args).result(timeout=60)
     assert result.success, result.error
     assert result.output_data == {"runs": 3}
-    starts = [row["start"] for row in _runs(log, "a")]
+    starts = [row["start"] for row in runs(log, "a")]
     # The k-th retry waits about backoff_s * 2^(k-1): 1 s, then 2 s (jitter: 10 %)
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
     assert 0.85 < gaps[0] < 1.8, gaps
     assert 1.75 < gaps[1] < 2.9, gaps
 
 
-def test_the_last_attempt_fails_saying_how_many_ran(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
-) -> None:
-    start_worker(broker)
-    log = tmp_path / "runs.jsonl"
+def test_the_last_attempt_fails_saying_how_many_ran(scenario: WorkerScenario) -> None:
+    scenario.start_worker()
+    log = scenario.folder / "runs.jsonl"
     args = {"log": str(log), "key": "b", "fail_times": 5}
-    result = broker_client.submit("test/retries", "test/flaky-2", args).result(timeout=60)
+    result = scenario.client.submit("test/retries", "test/flaky-2", args).result(timeout=60)
     assert not result.success
     assert result.error is not None
     assert result.error.details["attempts"] == 2
     assert result.error.details["transient"] is True
-    assert len(_runs(log, "b")) == 2
+    assert len(runs(log, "b")) == 2
 
 
 def test_only_a_transient_failure_is_retried_and_a_write_only_when_idempotent(
@@ -86,12 +69,12 @@ def test_only_a_transient_failure_is_retried_and_a_write_only_when_idempotent(
     failed = broken.result(timeout=60)
     assert failed.error is not None
     assert failed.error.details["attempts"] == 1
-    assert len(_runs(log, "x")) == 1
+    assert len(runs(log, "x")) == 1
     once = write.result(timeout=60)
     assert not once.success
-    assert len(_runs(log, "w")) == 1
+    assert len(runs(log, "w")) == 1
     assert idempotent.result(timeout=60).success
-    assert len(_runs(log, "i")) == 2
+    assert len(runs(log, "i")) == 2
 
 
 def test_a_command_tool_exiting_75_is_retried(
@@ -106,16 +89,11 @@ def test_a_command_tool_exiting_75_is_retried(
     assert marker.exists()
 
 
-def test_a_worker_killed_during_the_delay_loses_nothing(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
-) -> None:
-    client = broker_client
+def test_a_worker_killed_during_the_delay_loses_nothing(scenario: WorkerScenario) -> None:
+    client = scenario.client
     # Given a worker holding a retry that waits its delay (1 s)
-    first = start_worker(broker, CLEVERAGENTS_RECOVERY_S="4")
-    log = tmp_path / "runs.jsonl"
+    first = scenario.start_worker(CLEVERAGENTS_RECOVERY_S="4")
+    log = scenario.folder / "runs.jsonl"
     handle = client.submit("test/retries", "test/flaky-3", {"log": str(log), "key": "k",
                                                            "fail_times": 1})  # fmt: skip
     wait_until(lambda: client.state(handle.request_id) == "RETRY", 30, "the first attempt")
@@ -123,34 +101,31 @@ def test_a_worker_killed_during_the_delay_loses_nothing(
     assert first.proc is not None
     kill_group(first.proc, signal.SIGKILL)
     # Then another worker runs the retry
-    start_worker(broker, CLEVERAGENTS_RECOVERY_S="4")
+    scenario.start_worker(CLEVERAGENTS_RECOVERY_S="4")
     result = handle.result(timeout=60)
     assert result.success, result.error
     # (A kill between sending the retry and acknowledging the first attempt's message
     # runs that attempt again too: a read, or an idempotent write, may run twice.)
-    assert 2 <= len(_runs(log, "k")) <= 3
+    assert 2 <= len(runs(log, "k")) <= 3
 
 
 def test_a_batch_line_retries_on_its_own_and_its_chunk_does_not_wait_for_it(
-    broker: Broker,
-    broker_client: SkillClient,
-    start_worker: Callable[..., Worker],
-    tmp_path: Path,
+    scenario: WorkerScenario,
 ) -> None:
-    start_worker(broker)
-    log = tmp_path / "runs.jsonl"
+    scenario.start_worker()
+    log = scenario.folder / "runs.jsonl"
     # A chunk of 20 lines: one fails once (retried after about 1 s), the others at once
     lines = [
         {"skill": "test/retries", "tool": "test/flaky-3",
          "arguments": {"log": str(log), "key": f"b{n}", "fail_times": 1 if n == 3 else 0}}
         for n in range(20)
     ]  # fmt: skip
-    results = list(broker_client.batches.run_many(lines, chunk_size=20))
+    results = list(scenario.client.batches.run_many(lines, chunk_size=20))
     assert all(result.success for result in results), [r.error for r in results]
     assert [r.output_data for r in results][3] == {"runs": 2}
     # The other lines ran before the retry was due: the chunk went on without it
-    flaky = _runs(log, "b3")
-    others = [row["end"] for n in range(20) if n != 3 for row in _runs(log, f"b{n}")]
+    flaky = runs(log, "b3")
+    others = [row["end"] for n in range(20) if n != 3 for row in runs(log, f"b{n}")]
     assert max(others) < flaky[1]["start"]
 
 
