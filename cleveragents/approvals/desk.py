@@ -41,6 +41,9 @@ __all__ = ["ApprovalDesk", "local_user"]
 #: The longest ``by`` and ``reason`` kept (a person's words, not a document).
 MAX_BY_CHARS = 200
 MAX_REASON_CHARS = 2000
+#: How a person decided, each counted apart (``cleveragents_approval_decisions_total``).
+CLI, PYTHON, MCP, WEB = "cli", "python", "mcp", "web"
+CHANNELS = (CLI, PYTHON, MCP, WEB)
 #: The shortest digest prefix ``approve --digest`` takes (48 bits: no accidental match).
 MIN_DIGEST_CHARS = 12
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -107,13 +110,16 @@ class ApprovalDesk:
         digest: str | None = None,
         by: str | None = None,
         reason: str | None = None,
+        channel: str = PYTHON,
     ) -> Decision:
         """Approve it: it runs once, with exactly the arguments it was parked with.
 
         ``digest``: the content digest shown with it (``approvals show --json``), or a
         prefix of at least 12 hex digits; refused when the parked call is no longer that.
+        ``channel``: how the person decided (``CHANNELS``), counted by the worker.
         """
-        return self.approve_shown(request_id, digest=digest, by=by, reason=reason)[1]
+        shown = self.approve_shown(request_id, digest=digest, by=by, reason=reason, channel=channel)
+        return shown[1]
 
     def approve_shown(
         self,
@@ -122,6 +128,7 @@ class ApprovalDesk:
         digest: str | None = None,
         by: str | None = None,
         reason: str | None = None,
+        channel: str = PYTHON,
     ) -> tuple[Parked, Decision]:
         """``approve``, with the parked call it approved (whose arguments ran).
 
@@ -147,26 +154,34 @@ class ApprovalDesk:
                 raise ApprovalError(changed_since_shown(request_id, wanted, shown))
         who = (by or "").strip()[:MAX_BY_CHARS] or local_user()
         said = (reason or "").strip()[:MAX_REASON_CHARS] or None
-        _, decision = self.store.decide(request_id, Decision(APPROVED, who, said, digest=shown))
+        asked = Decision(APPROVED, who, said, digest=shown, channel=_channel(channel))
+        _, decision = self.store.decide(request_id, asked)
         # The body read and hashed here, not the record as the store found it: whatever
         # changed in between, what is sent on is what was approved.
         self.send(SkillInvocationRequest.model_validate(record.body), trace=record.trace)
         return record, decision
 
-    def reject(self, request_id: str, *, reason: str, by: str | None = None) -> Decision:
+    def reject(
+        self, request_id: str, *, reason: str, by: str | None = None, channel: str = PYTHON
+    ) -> Decision:
         """Reject it: it ends as ``permission_denied`` with ``reason`` for the agent to read."""
         if not reason or not reason.strip():
             raise ApprovalError("a rejection needs a reason (--reason): the agent reads it")
-        return self._decide(request_id, REJECTED, by, reason)
+        return self._decide(request_id, REJECTED, by, reason, _channel(channel))
 
     def _decide(
-        self, request_id: str, outcome: Outcome, by: str | None, reason: str | None
+        self, request_id: str, outcome: Outcome, by: str | None, reason: str | None, channel: str
     ) -> Decision:
         who = (by or "").strip()[:MAX_BY_CHARS] or local_user()
         said = (reason or "").strip()[:MAX_REASON_CHARS] or None
-        record, decision = self.store.decide(request_id, Decision(outcome, who, said))
+        wanted = Decision(outcome, who, said, channel=channel)
+        record, decision = self.store.decide(request_id, wanted)
         self.send(SkillInvocationRequest.model_validate(record.body), trace=record.trace)
         return decision
+
+
+def _channel(channel: str) -> str:
+    return channel if channel in CHANNELS else PYTHON
 
 
 def _digest_prefix(digest: str) -> str:

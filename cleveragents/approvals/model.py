@@ -109,6 +109,8 @@ class Decision:
     #: only for a delivery whose own content has exactly this digest. Empty in a wanted
     #: decision: the parked record's, whatever it is now (a rejection needs no more).
     digest: str = ""
+    #: How the person decided: ``cli``, ``python``, ``mcp`` or ``web`` (counted by channel).
+    channel: str = ""
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -137,7 +137,9 @@ def approve(request_id: str, digest: str | None, by: str | None, reason: str | N
     """Approve ID: it runs once, with exactly the arguments printed."""
     with cli_client(Settings.from_env()) as client:
         record, decision = _or_fail(
-            lambda: client.approvals.approve_shown(request_id, digest=digest, by=by, reason=reason)
+            lambda: client.approvals.approve_shown(
+                request_id, digest=digest, by=by, reason=reason, channel="cli"
+            )
         )
     click.echo(f"approved {request_id} (by {decision.by}): {record.skill} / {record.tool} with")
     click.echo(json_text(record.body.get("arguments"), indent=2))
@@ -151,7 +153,9 @@ def approve(request_id: str, digest: str | None, by: str | None, reason: str | N
 def reject(request_id: str, reason: str, by: str | None) -> None:
     """Reject ID: it ends as permission_denied, with your reason."""
     with cli_client(Settings.from_env()) as client:
-        decision = _or_fail(lambda: client.approvals.reject(request_id, reason=reason, by=by))
+        decision = _or_fail(
+            lambda: client.approvals.reject(request_id, reason=reason, by=by, channel="cli")
+        )
     click.echo(f"rejected {request_id} (by {decision.by}): it will not run")
 
 

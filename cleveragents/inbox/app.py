@@ -278,7 +278,7 @@ def build_app(config: InboxConfig) -> ASGIApp:
         try:
             await desk.run(lambda d: d.approve(
                 request_id, digest=digest, by=by,
-                reason=reason if isinstance(reason, str) else None))
+                reason=reason if isinstance(reason, str) else None, channel="web"))
         except ApprovalError as exc:
             return await render_call(request_id, page_of(session), error=str(exc), status=409)
         log.info("approved %s (by %s) in the inbox", request_id, by)
@@ -290,7 +290,8 @@ def build_app(config: InboxConfig) -> ASGIApp:
         by = decider(form, session)
         try:
             await desk.run(lambda d: d.reject(
-                request_id, reason=reason if isinstance(reason, str) else "", by=by))
+                request_id, reason=reason if isinstance(reason, str) else "", by=by,
+                channel="web"))
         except ApprovalError as exc:
             return await render_call(request_id, page_of(session), error=str(exc), status=409)
         log.info("rejected %s (by %s) in the inbox", request_id, by)

@@ -50,6 +50,7 @@ MAX_ARGUMENTS_CHARS = 4000
 #: The reason of a rejection the person gave none for.
 _NO_REASON = {"decline": "declined over MCP", "cancel": "cancelled over MCP"}
 
+
 def can_elicit(session: ServerSession) -> bool:
     """Whether the person can be asked a form question through this session's client."""
     capabilities = session.client_capabilities
@@ -145,12 +146,16 @@ class Approver:
                 # then is not approved by this answer.
                 digest = request_digest(self.request)
                 await anyio.to_thread.run_sync(
-                    lambda: self.client.approve(request_id, digest=digest, by=by, reason=reason)
+                    lambda: self.client.approvals.approve(
+                        request_id, digest=digest, by=by, reason=reason, channel="mcp"
+                    )
                 )
             else:
                 why = reason or _NO_REASON[answer.action]
                 await anyio.to_thread.run_sync(
-                    lambda: self.client.approvals.reject(request_id, reason=why, by=by)
+                    lambda: self.client.approvals.reject(
+                        request_id, reason=why, by=by, channel="mcp"
+                    )
                 )
         except ApprovalError as exc:  # decided elsewhere first, or expired: the result tells
             log.info(

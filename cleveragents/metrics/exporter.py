@@ -44,6 +44,7 @@ from cleveragents.constants import (
 from cleveragents.metrics.recorder import (
     APPROVALS_LABEL,
     BUCKETS,
+    DECISIONS_LABEL,
     WAITED_MS_LABEL,
     WAITS_LABEL,
 )
@@ -259,6 +260,27 @@ def _approvals(counts: MetricCounts, redis: Any, now: float) -> Iterator[Metric]
     for labels, count in sorted(found.items()):
         approvals.add_metric(list(labels), count)
     yield approvals
+    yield from _decisions(counts)
+
+
+def _decisions(counts: MetricCounts) -> Iterator[Metric]:
+    """People's decisions by the channel they came by (cli, python, mcp, web)."""
+    found: Counter[tuple[str, str]] = Counter()
+    for field, count in counts.invocations.items():
+        names = _fields(field, 3)
+        if names is not None and names[0] == DECISIONS_LABEL:
+            found[(names[1], names[2])] += int(count)
+    if not found:
+        return
+    decisions = CounterMetricFamily(
+        "cleveragents_approval_decisions_total",
+        "People's decisions about parked invocations, by the channel they came by (cli, "
+        "python, mcp, web) and outcome (approved, rejected).",
+        labels=["channel", "outcome"],
+    )
+    for labels, count in sorted(found.items()):
+        decisions.add_metric(list(labels), count)
+    yield decisions
 
 
 def _oldest_parked_s(redis: Any, now: float) -> float:

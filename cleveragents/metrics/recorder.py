@@ -99,6 +99,8 @@ WAITS_LABEL = "limit_wait"
 WAITED_MS_LABEL = "limit_wait_ms"
 #: First label of the fields that count approvals (skill, tool, outcome: four labels).
 APPROVALS_LABEL = "approval"
+#: First label of the fields that count people's decisions (channel, outcome: three labels).
+DECISIONS_LABEL = "decision"
 #: What became of a parked invocation, each counted once: parked, then one of the others.
 APPROVAL_OUTCOMES = ("parked", "approved", "rejected", "expired")
 #: The invocation series (outcome, error_type, reason) every catalogue tool starts
@@ -218,6 +220,15 @@ class MetricsRecorder:
         with self._lock:
             key = json.dumps([APPROVALS_LABEL, shown_skill, shown_tool, outcome])
             self._counts.invocations[key] += 1
+        self._ensure_flusher()
+
+    def record_decision(self, channel: str, outcome: str) -> None:
+        """Count a person's decision (approved, rejected) by the channel it came by."""
+        if outcome not in ("approved", "rejected") or not channel:
+            return
+        self._own_process()
+        with self._lock:
+            self._counts.invocations[json.dumps([DECISIONS_LABEL, channel[:20], outcome])] += 1
         self._ensure_flusher()
 
     def _series(self, labels: tuple[str, str, str, str, str], bucket: str) -> tuple[str, str, str]:

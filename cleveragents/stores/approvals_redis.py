@@ -73,10 +73,10 @@ if not got[1] then
   redis.call('EXPIRE', KEYS[3], ARGV[3])
   return {'waiting', ARGV[1], string.format('%.6f', now), string.format('%.6f', expires), 1}
 end
-local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest')
+local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest', 'channel')
 if d[1] and d[5] ~= ARGV[5] then
   -- about other arguments than this delivery's: no decision about these
-  d = {false, false, false, false, false}
+  d = {false, false, false, false, false, false}
 end
 local state, changed = got[4], 0
 if state == 'waiting' then
@@ -90,33 +90,35 @@ if state == 'waiting' then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
 end
-return {state, got[1], got[2], got[3], changed, d[1], d[2], d[3], d[4], d[5]}
+return {state, got[1], got[2], got[3], changed, d[1], d[2], d[3], d[4], d[5], d[6]}
 """
 
 #: KEYS: the record, the decision. ARGV: outcome, by, reason, the digest decided
-#: ('': the record's). Stores the decision only while the record waits, undecided,
-#: unexpired and with that digest; returns whether it did, the record's fields, the
-#: decision's (stored now, or found) and the time.
+#: ('': the record's), the channel it came by (cli, python, mcp, web). Stores the
+#: decision only while the record waits, undecided, unexpired and with that digest;
+#: returns whether it did, the record's fields, the decision's (stored now, or found)
+#: and the time.
 _DECIDE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local got = redis.call('HMGET', KEYS[1], 'record', 'asked_at', 'expires_at', 'state', 'digest')
 local stamp = string.format('%.6f', now)
 if not got[1] then
-  return {0, false, false, false, false, false, false, false, false, false, stamp}
+  return {0, false, false, false, false, false, false, false, false, false, false, stamp}
 end
-local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest')
+local d = redis.call('HMGET', KEYS[2], 'outcome', 'by', 'reason', 'at', 'digest', 'channel')
 local other = ARGV[4] ~= '' and ARGV[4] ~= got[5]
 if d[1] or other or got[4] ~= 'waiting' or now >= tonumber(got[3]) then
-  return {0, got[1], got[2], got[3], got[4], d[1], d[2], d[3], d[4], d[5], stamp}
+  return {0, got[1], got[2], got[3], got[4], d[1], d[2], d[3], d[4], d[5], d[6], stamp}
 end
 redis.call('HSET', KEYS[2], 'outcome', ARGV[1], 'by', ARGV[2], 'reason', ARGV[3], 'at', stamp,
-  'digest', got[5])
+  'digest', got[5], 'channel', ARGV[5])
 local left = redis.call('PTTL', KEYS[1])
 if left > 0 then
   redis.call('PEXPIRE', KEYS[2], left)
 end
-return {1, got[1], got[2], got[3], got[4], ARGV[1], ARGV[2], ARGV[3], stamp, got[5], stamp}
+return {1, got[1], got[2], got[3], got[4], ARGV[1], ARGV[2], ARGV[3], stamp, got[5], ARGV[5],
+  stamp}
 """
 
 
@@ -132,12 +134,15 @@ def _record(raw: Any, asked_at: Any, expires_at: Any, state: Any) -> Parked | No
     )
 
 
-def _decision(outcome: Any, by: Any, reason: Any, at: Any, digest: Any = "") -> Decision | None:
+def _decision(
+    outcome: Any, by: Any, reason: Any, at: Any, digest: Any = "", channel: Any = ""
+) -> Decision | None:
     if outcome is None or outcome is False:
         return None
     said = _text(reason) if reason not in (None, False) else ""
     found = _text(digest) if digest not in (None, False) else ""
-    return Decision(_text(outcome), _text(by), said or None, float(at or 0), found)  # type: ignore[arg-type]
+    way = _text(channel) if channel not in (None, False) else ""
+    return Decision(_text(outcome), _text(by), said or None, float(at or 0), found, way)  # type: ignore[arg-type]
 
 
 class RedisApprovalStore:
@@ -177,7 +182,7 @@ class RedisApprovalStore:
         return Resolution(_text(state), record, decision, bool(changed))
 
     def decide(self, request_id: str, wanted: Decision) -> tuple[Parked, Decision]:
-        args = [wanted.outcome, wanted.by, wanted.reason or "", wanted.digest]
+        args = [wanted.outcome, wanted.by, wanted.reason or "", wanted.digest, wanted.channel]
         for fleet in self.fleets:
             keys = self._keys(fleet, request_id)
             reply = retrying(partial(self._decide, keys=keys, args=args))
@@ -202,7 +207,13 @@ class RedisApprovalStore:
                     record_key = self._keys(fleet, request_id)[0]
                     pipe.hmget(record_key, "record", "asked_at", "expires_at", "state")
                 pipe.hmget(
-                    f"{DECISION_KEY_PREFIX}{request_id}", "outcome", "by", "reason", "at", "digest"
+                    f"{DECISION_KEY_PREFIX}{request_id}",
+                    "outcome",
+                    "by",
+                    "reason",
+                    "at",
+                    "digest",
+                    "channel",
                 )
                 *records, decided = pipe.execute()
             found = next((got for got in records if got[0] is not None), records[0])

@@ -51,6 +51,9 @@ class WorkerObserver:
         record = resolution.record
         outcome = "parked" if resolution.state == WAITING else resolution.state
         self.recorder.record_approval(record.skill, record.tool, outcome)
+        decision = resolution.decision
+        if decision is not None:  # settled now by a person: counted by how they decided
+            self.recorder.record_decision(decision.channel or "unknown", decision.outcome)
 
     def start(self) -> None:
         """Start every catalogue tool's series at zero (once per worker, at its start)."""

@@ -51,6 +51,10 @@ def test_approvals_are_counted_once_by_outcome_and_the_oldest_wait_is_a_gauge(
         assert value(samples, COUNTER, skill=SKILL, tool=PAY, outcome=outcome) == expected, outcome
     # None waits any more
     assert value(samples, OLDEST) == 0
+    # And the two decisions are counted by the channel they came by (issue 47)
+    decisions = "cleveragents_approval_decisions_total"
+    assert value(samples, decisions, channel="python", outcome="approved") == 1
+    assert value(samples, decisions, channel="python", outcome="rejected") == 1
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
