@@ -5,6 +5,7 @@ What users import lives here; each name is loaded on first use, so that
 only when ``SkillClient`` is first touched)::
 
     from cleveragents import Catalogue, SkillClient, SkillInvocationRequest, invoke
+    from cleveragents import AsyncSkillClient  # the same, for asyncio
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cleveragents.aio.client import AsyncInvocationHandle, AsyncSkillClient
     from cleveragents.client import InvocationHandle, SkillClient
     from cleveragents.errors import (
         CleverAgentsError,
@@ -43,6 +45,8 @@ __version__ = "0.1.0"
 #: Where each public name is defined.
 _SOURCES = {
     "SkillClient": "cleveragents.client",
+    "AsyncSkillClient": "cleveragents.aio.client",
+    "AsyncInvocationHandle": "cleveragents.aio.client",
     "InvocationHandle": "cleveragents.client",
     "SkillInvocationRequest": "cleveragents.runtime",
     "ToolOutput": "cleveragents.runtime",
@@ -68,6 +72,8 @@ _SOURCES = {
 }
 
 __all__ = [
+    "AsyncInvocationHandle",
+    "AsyncSkillClient",
     "Catalogue",
     "CleverAgentsError",
     "ConfigurationError",

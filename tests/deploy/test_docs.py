@@ -105,7 +105,11 @@ def extract_blocks(doc: Path) -> list[Block]:
 
 
 ALL_BLOCKS = [block for doc in DOCS for block in extract_blocks(doc)]
-PYTHON_BLOCKS = [b for b in ALL_BLOCKS if b.lang in ("python", "py")]
+#: Pages whose python blocks another test runs (with what they need), and which one.
+RUN_ELSEWHERE = {"agents.md": "tests/deploy/test_agents_docs.py"}
+PYTHON_BLOCKS = [
+    b for b in ALL_BLOCKS if b.lang in ("python", "py") and b.doc.name not in RUN_ELSEWHERE
+]
 SKIPPED_BLOCKS = [b for b in PYTHON_BLOCKS if b.skipped]
 FILE_BLOCKS = [b for b in ALL_BLOCKS if b.target is not None]
 

@@ -78,6 +78,8 @@ TOP_LEVEL_NAMES = {
     "__version__",
     "SkillClient",
     "InvocationHandle",
+    "AsyncSkillClient",
+    "AsyncInvocationHandle",
     "SkillInvocationRequest",
     "ToolOutput",
     "invoke",

@@ -30,10 +30,21 @@ from kombu.utils.objects import cached_property
 from cleveragents.stores.redis_retry import say_away, say_back
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
-__all__ = ["BACKEND_CLASS", "STORE_LUA", "RedisBackend", "worker_result_backend"]
+__all__ = [
+    "BACKEND_CLASS",
+    "SEND_ONLY_BACKEND_CLASS",
+    "STORE_LUA",
+    "RedisBackend",
+    "SendOnlyRedisBackend",
+    "send_only_result_backend",
+    "worker_result_backend",
+]
 
 #: This backend's class path, as Celery's ``result_backend`` names it before a URL.
 BACKEND_CLASS = "cleveragents.broker.redis.result_backend:RedisBackend"
+
+#: The producer backend of a client that awaits results by other means (``AsyncSkillClient``).
+SEND_ONLY_BACKEND_CLASS = "cleveragents.broker.redis.result_backend:SendOnlyRedisBackend"
 
 #: KEYS[1]: the task's key. ARGV: the encoded state, its time to live in seconds (0:
 #: none), 1 to publish it. Returns 0 when a stored SUCCESS was kept, else 1.
@@ -122,3 +133,23 @@ def worker_result_backend(url: str | None) -> str | None:
     if not url or url.partition("://")[0].lower() not in ("redis", "rediss"):
         return None
     return f"{BACKEND_CLASS}+{url}"
+
+
+class SendOnlyRedisBackend(CeleryRedisBackend):  # type: ignore[misc]
+    """Celery's Redis result backend, minus the subscription Celery makes as a task is sent.
+
+    ``send_task`` calls the backend's ``on_task_call`` hook, which on Redis subscribes
+    the backend's own (synchronous) pub/sub connection to the task's channel, for an
+    ``AsyncResult.get()`` to come. ``AsyncSkillClient`` awaits results on its event loop
+    with its own subscription (``cleveragents/aio/results.py``): here the hook does
+    nothing, so no second subscription is made per send, and none is left behind
+    unread. Reading a result (``get_task_meta``) is Celery's, unchanged.
+    """
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        return None
+
+
+def send_only_result_backend(url: str) -> str:
+    """The ``result_backend`` of a producer that never waits through Celery, for ``url``."""
+    return f"{SEND_ONLY_BACKEND_CLASS}+{url}"
