@@ -418,3 +418,60 @@ def test_a_write_pushed_onto_the_read_queue_by_a_readonly_worker_runs_without_wr
     assert result.error is not None
     assert result.error.error_type == "permission_denied", result.error
     assert run_keys(log) == []
+
+
+# ---- a route added to kombu's binding table by a read-only worker's user ---------------------
+
+SEP = "\x06\x16"
+
+
+def test_a_message_taken_from_the_read_queue_goes_back_to_it_whatever_the_binding_table_says(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    """Found by this round's review: the read-only user may add routes to kombu's binding
+    tables, through which a worker put back (and sent back) a read queue's message."""
+    admin = server.admin()
+    log = tmp_path / "records.jsonl"
+    rid = f"smuggled-{uuid.uuid4()}"
+    body = {
+        "request_id": rid,
+        "skill": "test/limits",
+        "tool": "test/limited-write",
+        "arguments": {"log": str(log), "key": "smuggled"},
+        "allow_writes": True,
+    }
+    with ExitStack() as stack:
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        first = ExitStack()
+        first.enter_context(compose_worker(server, "worker", tmp_path / "w1"))
+        # Given a write pushed onto skills.read by the read-only worker's user, with a delay
+        # (a wait for its tool's limit: a write worker holds it until then)
+        app = role_app(server, "worker-readonly")
+        with denied_join_result():
+            app.send_task(
+                TASK_INVOKE,
+                args=[body],
+                task_id=rid,
+                queue="skills.read",
+                countdown=30,
+                headers={"cleveragents_waits": 1},
+            )
+        app.close()
+        # and a route from skills.read to skills.write in kombu's table, instead of its own
+        readonly = _as(server, "worker-readonly")
+        table = "_kombu.binding.skills.read"
+        assert readonly.sadd(table, f"skills.read{SEP}{SEP}skills.write")
+        readonly.srem(table, f"skills.read{SEP}{SEP}skills.read")
+        wait_until(lambda: admin.hlen("unacked") == 1, 30, "a write worker to hold it")
+        # When that worker stops (a restart, a deploy), putting back what it holds
+        first.close()
+        # Then the message is back on the queue it was taken from, not on skills.write
+        assert (admin.llen("skills.read"), admin.llen("skills.write")) == (1, 0)
+        # And a write worker that takes it runs it without writes
+        stack.enter_context(compose_worker(server, "worker", tmp_path / "w2"))
+        wait_until(lambda: producer.get(rid) is not None, 90, "its result")
+        result = producer.get(rid)
+    assert result is not None
+    assert result.error is not None
+    assert result.error.error_type == "permission_denied", result.error
+    assert run_keys(log) == []

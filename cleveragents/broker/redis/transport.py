@@ -389,6 +389,36 @@ class Channel(kombu_redis.Channel):
         self._brpop_sent_at = time.monotonic()
         client.connection.send_command(*command)
 
+    def _lookup(self, exchange: Any, routing_key: Any, default: Any = None) -> list[str]:
+        """The queues a message sent to ``exchange`` goes to: a skill queue's own exchange
+        routes to that queue alone, whatever kombu's binding table says (a read-only
+        worker's user may add routes to it: a message it sends, or one a worker sends
+        back, to ``skills.read`` must not also land on ``skills.write``); any other
+        exchange as kombu routes it."""
+        if isinstance(exchange, str) and skill_routing(exchange) and routing_key == exchange:
+            return [exchange]
+        return list(super()._lookup(exchange, routing_key, default))  # type: ignore[misc]
+
+    def _do_restore_message(
+        self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False
+    ) -> None:
+        """Put a message back, marked redelivered: a skill queue's straight into the queue
+        it was taken from (the fetch records it under that queue), never through kombu's
+        binding table, which a read-only worker's user may add routes to (a message taken
+        from ``skills.read`` must not come back on ``skills.write``); any other as kombu
+        does."""
+        queue = skill_routing(routing_key) if isinstance(routing_key, str) else ""
+        if not queue or exchange != queue:
+            super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)  # type: ignore[misc]
+            return
+        try:
+            payload["headers"]["redelivered"] = True
+            payload["properties"]["delivery_info"]["redelivered"] = True
+        except (KeyError, TypeError):
+            pass
+        priority = self._get_message_priority(payload, reverse=False)  # type: ignore[attr-defined]
+        (pipe.lpush if leftmost else pipe.rpush)(self._q_for_pri(queue, priority), dumps(payload))
+
     def _brpop_read(self, **options: Any) -> Any:
         sent, self._sent = self._sent, None
         if sent not in ("fetch", "wait"):
