@@ -142,6 +142,12 @@ class ApprovalDesk:
                 f"no invocation {request_id} awaits approval (`cleveragents approvals list` "
                 "shows those that do)"
             )
+        if record.body.get("allow_writes") is True and self.store.parked_read_only(request_id):
+            raise ApprovalError(
+                f"invocation {request_id} asks for writes but is parked under read-only "
+                "workers' keys, which their Redis user may write and which no write worker "
+                "parks under: it is not a call a producer sent; nothing was approved"
+            )
         shown = content_digest(record.body)
         if shown != record.digest:  # a record changed by hand: not what any worker parked
             raise ApprovalError(

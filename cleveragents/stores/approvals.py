@@ -42,6 +42,10 @@ class ApprovalStore(Protocol):
         """The parked invocations not yet settled by a worker, oldest first."""
         ...
 
+    def parked_read_only(self, request_id: str) -> bool:
+        """Whether it was parked under read-only workers' own keys (they may send no write)."""
+        ...
+
 
 class _Local:
     """The rules over a dict-like keeping of records and decisions (a subclass keeps them)."""
@@ -77,6 +81,9 @@ class _Local:
     def get(self, request_id: str) -> tuple[Parked | None, Decision | None]:
         with self._locked():
             return self._load(request_id)
+
+    def parked_read_only(self, request_id: str) -> bool:
+        return False  # one fleet: the home's user's
 
     def waiting(self, limit: int = 1000) -> list[tuple[Parked, Decision | None]]:
         with self._locked():

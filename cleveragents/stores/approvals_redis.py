@@ -222,6 +222,17 @@ class RedisApprovalStore:
         got, decided = retrying(read)
         return _record(*got), _decision(*decided)
 
+    def parked_read_only(self, request_id: str) -> bool:
+        """Whether ``request_id`` is parked under read-only workers' keys (and not the write
+        fleet's): such a record is their user's to write, so it may ask for no write."""
+        if READ_ONLY_FLEET not in self.fleets:
+            return False
+        keys = [f"{fleet.record_prefix}{request_id}" for fleet in (WRITE_FLEET, READ_ONLY_FLEET)]
+        # HMGET, not EXISTS: the approver's user may read records, and run nothing else
+        [write] = retrying(partial(self.client.hmget, keys[0], "state"))
+        [read_only] = retrying(partial(self.client.hmget, keys[1], "state"))
+        return write is None and read_only is not None
+
     def waiting(self, limit: int = 1000) -> list[tuple[Parked, Decision | None]]:
         ids: list[tuple[Any, float]] = []
         for fleet in self.fleets:

@@ -475,3 +475,30 @@ def test_a_message_taken_from_the_read_queue_goes_back_to_it_whatever_the_bindin
     assert result.error is not None
     assert result.error.error_type == "permission_denied", result.error
     assert run_keys(log) == []
+
+
+def test_a_write_parked_under_the_read_only_fleets_keys_is_never_approved(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    """Found by this round's review: the read-only user writes its fleet's parked records,
+    and the desk sent such a record's write on to skills.write once approved."""
+    from cleveragents.approvals.model import Parked
+    from cleveragents.stores.approvals_redis import READ_ONLY_FLEET, RedisApprovalStore
+
+    rid = f"ro-pay-{uuid.uuid4()}"
+    body = {"request_id": rid, "skill": SKILL, "tool": PAY,
+            "arguments": {"log": str(tmp_path / "p.jsonl"), "key": "payee-B"},
+            "allow_writes": True}  # fmt: skip
+    # Given a write parked under the read-only fleet's keys by its user
+    store = RedisApprovalStore(_as(server, "worker-readonly"), 600, (READ_ONLY_FLEET,))
+    parked = Parked(rid, SKILL, PAY, content_digest(body), body, None)
+    assert store.resolve(parked, 600).changed
+    # When the approver approves it, with or without the digest
+    for extra in ((), ("--digest", content_digest(body))):
+        done = _cli(server, "approver", tmp_path, "approvals", "approve", rid, *extra)
+        # Then it is refused, and nothing is decided or sent
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "parked under read-only workers' keys" in done.stderr
+    admin: Any = server.admin()
+    assert not admin.exists(f"{DECISION_KEY_PREFIX}{rid}")
+    assert admin.llen("skills.write") == 0
