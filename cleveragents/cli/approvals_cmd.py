@@ -255,7 +255,7 @@ def _verify_trail(as_json: bool) -> None:
     settings = Settings.from_env()
     with cli_client(settings) as client:
         log = client.stores.audit
-        report = verify_trail(log.read(), audit_secret(settings), capped=log.capped())
+        report = verify_trail(log.streams(), audit_secret(settings))
     if as_json:
         print_json(
             {

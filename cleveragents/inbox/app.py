@@ -256,7 +256,7 @@ def build_app(config: InboxConfig) -> ASGIApp:
             ][-AUDIT_PAGE_EVENTS:]
             log_ = d.audit_log
             assert log_ is not None  # the server's desk always has its trail
-            report = verify(log_.read(), config.audit_key, capped=log_.capped())
+            report = verify(log_.streams(), config.audit_key)
             verdict = {"whole": report.whole, "events": report.events,
                        "writers": report.writers, "keyed": report.keyed,
                        "problems": list(report.problems)}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cleveragents.constants import AUDIT_KEY, READ_ONLY_AUDIT_KEY
-from cleveragents.stores.audit_chain import AuditSealer
+from cleveragents.stores.audit_chain import AuditSealer, Stream
 from cleveragents.stores.redis_retry import retrying
 
 __all__ = [
@@ -104,6 +104,11 @@ class AuditLog(Protocol):
         """Whether the trail has reached its cap (its oldest events may be gone by it)."""
         ...
 
+    def streams(self) -> list[Stream]:
+        """Each stream of the trail, oldest first, with whether it is at its cap
+        (``audit_chain.verify`` checks them one by one)."""
+        ...
+
 
 class SealedAuditLog:
     """A worker's trail: every event it appends sealed in its process's chain."""
@@ -124,6 +129,9 @@ class SealedAuditLog:
     def capped(self) -> bool:
         return self.log.capped()
 
+    def streams(self) -> list[Stream]:
+        return self.log.streams()
+
 
 #: Write workers' stream, then read-only workers' own.
 STREAMS = (AUDIT_KEY, READ_ONLY_AUDIT_KEY)
@@ -136,12 +144,13 @@ class RedisAuditLog:
     def __init__(self, client: Any, maxlen: int, streams: tuple[str, ...] = STREAMS) -> None:
         self.client = client
         self.maxlen = maxlen
-        self.streams = streams
+        #: The streams' keys: the first appended to, all read.
+        self.names = streams
 
     def append(self, events: list[dict[str, str]]) -> None:
         if not events:
             return
-        stream = self.streams[0]
+        stream = self.names[0]
 
         def add() -> None:
             with self.client.pipeline(transaction=False) as pipe:
@@ -155,7 +164,7 @@ class RedisAuditLog:
         self, *, request_id: str | None = None, since: dt.datetime | None = None
     ) -> Iterator[dict[str, str]]:
         merged = heapq.merge(
-            *(self._entries(stream, _since_ms(since)) for stream in self.streams),
+            *(self._entries(stream, _since_ms(since)) for stream in self.names),
             key=lambda entry: entry[0],
         )
         for _place, record in merged:
@@ -163,8 +172,16 @@ class RedisAuditLog:
                 yield record
 
     def capped(self) -> bool:
-        lengths = [retrying(partial(self.client.xlen, stream)) for stream in self.streams]
-        return any(int(length) >= self.maxlen for length in lengths)
+        return any(self._at_cap(name) for name in self.names)
+
+    def streams(self) -> list[Stream]:
+        return [
+            ((record for _, record in self._entries(name, "-")), self._at_cap(name))
+            for name in self.names
+        ]
+
+    def _at_cap(self, name: str) -> bool:
+        return int(retrying(partial(self.client.xlen, name))) >= self.maxlen
 
     def _entries(self, stream: str, start: str) -> Iterator[tuple[tuple[int, int], dict[str, str]]]:
         """One stream's events, oldest first, each with its place (its entry id)."""
@@ -204,6 +221,9 @@ class FileAuditLog:
     def capped(self) -> bool:
         return self.path.with_suffix(".1.jsonl").exists()
 
+    def streams(self) -> list[Stream]:
+        return [(self.read(), self.capped())]
+
     def read(
         self, *, request_id: str | None = None, since: dt.datetime | None = None
     ) -> Iterator[dict[str, str]]:
@@ -241,6 +261,9 @@ class MemoryAuditLog:
 
     def capped(self) -> bool:
         return False
+
+    def streams(self) -> list[Stream]:
+        return [(self.read(), False)]
 
 
 def _wanted(record: dict[str, str], request_id: str | None, since: dt.datetime | None) -> bool:

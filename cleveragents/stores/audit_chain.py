@@ -1,19 +1,23 @@
-"""The audit trail's chain: each event sealed over its writer's previous one, and the check.
+"""The audit trail's chain: each event sealed with its place in its writer's chain, and the check.
 
 Every process that appends audit events is a *writer* with an id of its own (made
 when it first writes, and made anew after an append that may not have landed). Its
-events carry ``chain`` (``<writer>/<n>``, n counting from 1) and ``seal``: an
-HMAC-SHA256, under ``CLEVERAGENTS_AUDIT_KEY``, of the event's other fields and the
-writer's previous seal. Chains per writer, not one for the fleet: many workers
-append at once, and a fleet-wide chain would need a lock around every append.
+events carry ``chain`` (``<writer>/<n>``, n counting from 1), ``prev`` (the seal of
+the writer's event before, empty for the first) and ``seal``: an HMAC-SHA256, under
+``CLEVERAGENTS_AUDIT_KEY``, of all the event's other fields. So every event can be
+checked on its own, wherever the trail now starts, and two events of one writer
+must follow each other: n + 1, and ``prev`` the seal before. Chains per writer, not
+one for the fleet: many workers append at once, and a fleet-wide chain would need a
+lock around every append.
 
-``verify`` reads a trail and names what a writer of it could have done without the
-key: an event with no seal or a wrong one (forged, or changed), an event whose
-writer's number came before (a copy), numbers missing inside a writer's chain (a
-gap), and a chain that starts past 1 on a trail not yet at its cap (trimmed beyond
-the cap: ``XADD ... MAXLEN 1``). What it cannot see: events cut from the end of a
-chain (nothing follows them), and anything done by someone holding both a worker's
-Redis password and the key (docs/security.md).
+``verify`` reads a trail, stream by stream, and names what a writer of it could
+have done without the key: an event with no seal or a wrong one (forged, padded or
+changed), an event whose writer's number came before (a copy), an event that does
+not follow the one before it, numbers missing inside a writer's chain (a gap), and
+a chain that starts past 1 in a stream not yet at its cap (trimmed beyond the cap:
+``XADD ... MAXLEN 1``). What it cannot see: events cut from the end of a chain
+(nothing follows them), and anything done by someone holding both a worker's Redis
+password and the key (docs/security.md).
 
 Without a key the seal is a plain SHA-256 over the same text: gaps, trims and
 events added by hand still show, but whoever knows this scheme can chain a forgery.
@@ -32,14 +36,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AuditSealer", "TrailReport", "verify"]
+__all__ = ["AuditSealer", "Stream", "TrailReport", "verify"]
 
 #: The fields a sealed event carries beyond its own.
-CHAIN, SEAL = "chain", "seal"
+CHAIN, PREV, SEAL = "chain", "prev", "seal"
 
 
-def _mac(key: bytes | None, fields: dict[str, str], previous: str) -> str:
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":")) + "\n" + previous
+def _mac(key: bytes | None, fields: dict[str, str]) -> str:
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     if key is None:
         return hashlib.sha256(text.encode()).hexdigest()
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
@@ -82,9 +86,10 @@ class AuditSealer:
         sealed = []
         for record in events:
             self._n += 1
-            fields = {k: v for k, v in record.items() if k not in (CHAIN, SEAL)}
+            fields = {k: v for k, v in record.items() if k not in (CHAIN, PREV, SEAL)}
             fields[CHAIN] = f"{self.writer}/{self._n}"
-            self._previous = _mac(self._key, fields, self._previous)
+            fields[PREV] = self._previous
+            self._previous = _mac(self._key, fields)
             sealed.append({**fields, SEAL: self._previous})
         return sealed
 
@@ -109,38 +114,50 @@ def _named(record: dict[str, str]) -> str:
     return f"{what} at {record.get('at', '?')}"
 
 
-def verify(events: Iterable[dict[str, str]], secret: str | None, *, capped: bool) -> TrailReport:
-    """Check a trail read oldest first (``capped``: it has reached its cap, so its oldest
-    events may have been dropped by the cap itself)."""
+#: One stream of a trail as ``verify`` reads it: its events oldest first, and whether it
+#: has reached its cap (its oldest events may then have been dropped by the cap itself).
+Stream = tuple[Iterable[dict[str, str]], bool]
+
+
+def verify(streams: Iterable[Stream], secret: str | None) -> TrailReport:
+    """Check a trail, stream by stream (a writer writes one stream only)."""
     key = _key(secret)
     report = TrailReport(keyed=key is not None)
-    chains: dict[str, list[tuple[int, dict[str, str]]]] = {}
-    previous: dict[str, tuple[int, str]] = {}
-    for record in events:
-        report.events += 1
-        writer, n = _place(record.get(CHAIN, ""))
-        if writer is None:
-            report.problems.append(f"forged: {_named(record)} carries no seal of a worker")
-            continue
-        chains.setdefault(writer, []).append((n, record))
-        fields = {k: v for k, v in record.items() if k != SEAL}
-        last_n, last_seal = previous.get(writer, (0, ""))
-        if n <= last_n:
-            report.problems.append(
-                f"forged: {_named(record)} repeats event {n} of writer {writer} (a copy)"
-            )
-            continue
-        expected_previous = last_seal if n == last_n + 1 else None
-        if expected_previous is not None and not hmac.compare_digest(
-            _mac(key, fields, expected_previous), record.get(SEAL, "")
-        ):
-            report.problems.append(f"forged: {_named(record)} has a seal that does not verify")
-            continue
-        previous[writer] = (n, record.get(SEAL, ""))
-    report.writers = len(chains)
-    for writer, chain in chains.items():
-        report.problems += _holes(writer, chain, capped)
+    for events, capped in streams:
+        chains: dict[str, list[tuple[int, dict[str, str]]]] = {}
+        previous: dict[str, tuple[int, str]] = {}
+        for record in events:
+            report.events += 1
+            problem = _check(key, record, chains, previous)
+            if problem is not None:
+                report.problems.append(problem)
+        report.writers += len(chains)
+        for writer, chain in chains.items():
+            report.problems += _holes(writer, chain, capped)
     return report
+
+
+def _check(
+    key: bytes | None,
+    record: dict[str, str],
+    chains: dict[str, list[tuple[int, dict[str, str]]]],
+    previous: dict[str, tuple[int, str]],
+) -> str | None:
+    """What is wrong with one event in its place (None: nothing), noting its place."""
+    writer, n = _place(record.get(CHAIN, ""))
+    if writer is None:
+        return f"forged: {_named(record)} carries no seal of a worker"
+    fields = {k: v for k, v in record.items() if k != SEAL}
+    if not hmac.compare_digest(_mac(key, fields), record.get(SEAL, "")):
+        return f"forged: {_named(record)} has a seal that does not verify"
+    last_n, last_seal = previous.get(writer, (0, ""))
+    if writer in previous and n <= last_n:
+        return f"forged: {_named(record)} repeats event {n} of writer {writer} (a copy)"
+    if writer in previous and n == last_n + 1 and record.get(PREV, "") != last_seal:
+        return f"forged: {_named(record)} does not follow writer {writer}'s event {last_n}"
+    chains.setdefault(writer, []).append((n, record))
+    previous[writer] = (n, record.get(SEAL, ""))
+    return None
 
 
 def _place(chain: str) -> tuple[str | None, int]:

@@ -29,6 +29,7 @@ from cleveragents.constants import (
     BIND_KEY_PREFIX,
     DECISION_KEY_PREFIX,
     LIMIT_KEY_PREFIX,
+    READ_ONLY_AUDIT_KEY,
     STATE_AWAITING_APPROVAL,
     TASK_INVOKE,
 )
@@ -502,3 +503,37 @@ def test_a_write_parked_under_the_read_only_fleets_keys_is_never_approved(
     admin: Any = server.admin()
     assert not admin.exists(f"{DECISION_KEY_PREFIX}{rid}")
     assert admin.llen("skills.write") == 0
+
+
+def test_padding_another_stream_to_its_cap_hides_neither_a_trim_nor_a_forged_event(
+    server: RedisWithUsers, tmp_path: Path
+) -> None:
+    """Found by this round's review: a chain that started past 1 was never checked against
+    its seal, and one stream at its cap counted as the whole trail's."""
+    key = {"CLEVERAGENTS_AUDIT_KEY": AUDIT_SECRET, "CLEVERAGENTS_AUDIT_MAXLEN": "300"}
+    with ExitStack() as stack:
+        stack.enter_context(compose_worker(server, "worker", tmp_path / "w", **key))
+        producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
+        for n in range(2):
+            args = {"log": str(tmp_path / "log"), "key": f"k{n}"}
+            assert (
+                producer.submit(SKILL, RECORD, args, allow_writes=True).result(timeout=60).success
+            )
+    assert _cli(server, "approver", tmp_path, "audit", "--verify", **key).returncode == 0
+    # When a worker user trims the write fleet's stream to one event of its own
+    worker, readonly = _as(server, "worker"), _as(server, "worker-readonly")
+    worker.execute_command("XADD", AUDIT_KEY, "MAXLEN", "1", "*", "chain", "t0/2", "seal", "0")
+    # and the read-only user pads its own stream to the cap, then adds an approval
+    with readonly.pipeline(transaction=False) as pipe:
+        for i in range(300):
+            pipe.xadd(READ_ONLY_AUDIT_KEY, {"chain": f"p{i}/2", "seal": "0"})
+        pipe.execute()
+    forged = {"event": "approved", "request_id": "never-existed-1", "skill": SKILL, "tool": PAY,
+              "at": "2026-01-02T03:04:05.000Z", "digest": "0" * 64, "by": "alice",
+              "chain": "0123456789abcdef/7", "prev": "", "seal": "f" * 64}  # fmt: skip
+    readonly.xadd(READ_ONLY_AUDIT_KEY, forged)
+    # Then verify names the forged approval and the padding, and exits 1
+    done = _cli(server, "approver", tmp_path, "audit", "--verify", **key)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "forged: approved of never-existed-1" in done.stdout
+    assert done.stdout.count("has a seal that does not verify") >= 300
