@@ -269,7 +269,7 @@ def test_an_answer_after_a_decision_taken_elsewhere_does_not_break_the_call(
         context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult:
         # Someone approves it from the command line while the person is asked ...
-        (parked,) = await anyio.to_thread.run_sync(client.approvals)
+        (parked,) = await anyio.to_thread.run_sync(client.approvals.pending)
         await anyio.to_thread.run_sync(lambda: client.approve(parked.request_id, by="ops"))
         # ... then the person declines: too late, the call ends with the write's result.
         return types.ElicitResult(action="decline")
@@ -313,7 +313,7 @@ def test_a_question_left_open_is_withdrawn_when_the_call_ends(
         context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult:
         # Someone approves it from the command line; the person never answers.
-        (parked,) = await anyio.to_thread.run_sync(client.approvals)
+        (parked,) = await anyio.to_thread.run_sync(client.approvals.pending)
         await anyio.to_thread.run_sync(lambda: client.approve(parked.request_id, by="ops"))
         try:
             await anyio.sleep_forever()

@@ -346,7 +346,12 @@ class _Decisions:
     def __init__(self) -> None:
         self.approved: list[tuple[str, dict[str, Any]]] = []
 
-    def approve(self, request_id: str, **kwargs: Any) -> None:
+    @property
+    def approvals(self) -> _Decisions:  # the Approver writes through client.approvals
+        return self
+
+    def approve(self, request_id: str, *, channel: str | None = None, **kwargs: Any) -> None:
+        assert channel == "mcp"
         self.approved.append((request_id, kwargs))
 
 
