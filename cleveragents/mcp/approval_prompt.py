@@ -20,6 +20,7 @@ import anyio
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from cleveragents.approvals import ApprovalError
 from cleveragents.client import SkillClient
@@ -27,7 +28,15 @@ from cleveragents.mcp.naming import ToolRoute
 from cleveragents.pipeline.binding import request_digest
 from cleveragents.runtime.request import SkillInvocationRequest
 
-__all__ = ["BY_PREFIX", "Approver", "can_elicit", "client_name", "decided_by", "question"]
+__all__ = [
+    "BY_PREFIX",
+    "Approver",
+    "can_elicit",
+    "client_name",
+    "decided_by",
+    "question",
+    "why_not_asked",
+]
 
 log = logging.getLogger("cleveragents.mcp")
 
@@ -51,14 +60,39 @@ MAX_ARGUMENTS_CHARS = 4000
 _NO_REASON = {"decline": "declined over MCP", "cancel": "cancelled over MCP"}
 
 
-def can_elicit(session: ServerSession) -> bool:
-    """Whether the person can be asked a form question through this session's client."""
+def why_not_asked(session: ServerSession, *, approve_over_mcp: bool) -> str | None:
+    """Why the client of ``session`` is not asked about a parked call, or None when it is.
+
+    The capability is read however the client's protocol revision declares it: in
+    ``initialize`` (up to 2025-11-25), or in each request's ``_meta`` clientCapabilities
+    (2026-07-28); the SDK records either as the session's ``client_capabilities``.
+    """
+    if not approve_over_mcp:
+        return (
+            "this server does not ask MCP clients (it was started without --approve-over-mcp: "
+            "an elicitation answer is a program's word, not a person's)"
+        )
     capabilities = session.client_capabilities
     elicitation = capabilities.elicitation if capabilities is not None else None
-    if elicitation is None or not session.can_send_request:
-        return False
+    if elicitation is None:
+        return "the client did not declare the elicitation capability"
     # An empty capability (MCP 2025-06-18) means form mode; a URL-only client has no form.
-    return elicitation.form is not None or elicitation.url is None
+    if elicitation.form is None and elicitation.url is not None:
+        return "the client declared URL-mode elicitation only, and the question is a form"
+    if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return (
+            f"the client speaks MCP {session.protocol_version}, where a server may not send "
+            "it a question during a call (this server does not ask through input_required "
+            "results)"
+        )
+    if not session.can_send_request:
+        return "the transport has no channel back to the client"
+    return None
+
+
+def can_elicit(session: ServerSession) -> bool:
+    """Whether the person can be asked a form question through this session's client."""
+    return why_not_asked(session, approve_over_mcp=True) is None
 
 
 def client_name(session: ServerSession) -> str:

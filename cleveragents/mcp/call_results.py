@@ -15,7 +15,11 @@
   ``isError: true`` (nothing ran, and a success would have to match the tool's
   ``outputSchema``, which clients check), a text block saying how a person holding
   the approver role approves it and that the agent must not call again, and
-  ``structuredContent`` ``{"state": "awaiting_approval", ...}`` saying the same.
+  ``structuredContent`` ``{"state": "awaiting_approval", ..., "retry": false,
+  "next_step": ...}`` saying the same (frameworks that turn an error result into a
+  retry feed the model the structured content, not the text).
+- Refused (``permission_denied``): ``structuredContent`` ``{"state": "refused",
+  "error_type", "message", "retry": false, "next_step"}`` as well.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ __all__ = [
     "AWAITING",
     "META_ERROR",
     "META_REQUEST_ID",
+    "REFUSED",
+    "RESULT_TOOL",
     "awaiting_result",
     "call_result",
     "revoked_result",
@@ -49,6 +55,10 @@ META_ERROR = f"{META_PREFIX}error"
 _META_CHANGES = f"{META_PREFIX}resource_changes"
 #: ``structuredContent.state`` of a call answered while its invocation awaits approval.
 AWAITING = "awaiting_approval"
+#: ``structuredContent.state`` of a refused call (``permission_denied``).
+REFUSED = "refused"
+#: The server's own tool: a request's outcome by id (``cleveragents.mcp.result_tool``).
+RESULT_TOOL = "cleveragents__result"
 
 
 def _text(value: Any) -> types.TextContent:
@@ -66,7 +76,10 @@ def call_result(result: SkillResult, request_id: str | None) -> types.CallToolRe
         if error is not None:
             meta[META_ERROR] = error.model_dump(mode="json")
         return types.CallToolResult(
-            content=[_text(f"{kind}: {message}")], is_error=True, meta=meta or None
+            content=[_text(f"{kind}: {message}")],
+            structured_content=_refused(kind, message, request_id),
+            is_error=True,
+            meta=meta or None,
         )
     data = result.output_data
     structured = data if isinstance(data, dict) else {"result": data}
@@ -79,6 +92,24 @@ def call_result(result: SkillResult, request_id: str | None) -> types.CallToolRe
         structured_content=structured,
         meta=meta or None,
     )
+
+
+def _refused(kind: str, message: str, request_id: str | None) -> dict[str, Any] | None:
+    """The structured content of a refused call (``permission_denied``): do not retry.
+
+    Other failures have none: a model may correct its arguments and call again.
+    """
+    if kind != SkillErrorType.PERMISSION_DENIED:
+        return None
+    return {
+        "state": REFUSED,
+        "request_id": request_id,
+        "error_type": kind,
+        "message": message,
+        "retry": False,
+        "next_step": "Do not retry: the same call is refused again. Tell the user why "
+        "(message) and stop, or do something else.",
+    }
 
 
 def writes_refused(route: ToolRoute) -> SkillResult:
@@ -104,20 +135,28 @@ def revoked_result(route: ToolRoute, request_id: str) -> SkillResult:
     )
 
 
-def awaiting_result(route: ToolRoute, request_id: str) -> types.CallToolResult:
+def awaiting_result(route: ToolRoute, request_id: str, why: str) -> types.CallToolResult:
     """The answer to a call whose invocation stays parked: how a person approves it.
 
     Said to the agent, which cannot approve it: a person holding the approver role does.
+    ``why`` says why the client was not asked. The structured content says the same as
+    the text, since some frameworks feed the model only that: ``retry: false`` and a
+    ``next_step`` (look the outcome up with ``cleveragents__result``).
     """
     approve = f"cleveragents approvals approve {request_id}"
     reject = f"cleveragents approvals reject {request_id} --reason TEXT"
     result = f"cleveragents result {request_id}"
+    next_step = (
+        f"Do not retry: tell the user that invocation {request_id} waits for a person's "
+        f"approval ({approve}), then stop. Call the tool {RESULT_TOOL} with this request_id "
+        "to learn what became of it; an identical call from this session joins it."
+    )
     text = (
         f"{AWAITING}: tool {route.tool} of skill {route.skill} waits for a person's approval "
-        f"and has not run (invocation {request_id}). Only a person holding the approver role "
-        f"can approve it, with `{approve}` (or reject it with `{reject}`); `{result}` then "
-        "shows its result. Tell the user so and stop here: do not call this tool again for "
-        "this request (another call would park another invocation, not approve this one)."
+        f"and has not run (invocation {request_id}); the client was not asked: {why}. Only a "
+        f"person holding the approver role can approve it, with `{approve}` (or reject it "
+        f"with `{reject}`); `{result}` or the tool {RESULT_TOOL} then shows its result. Tell "
+        "the user so and stop here: do not call this tool again for this request."
     )
     structured = {
         "state": AWAITING,
@@ -128,7 +167,10 @@ def awaiting_result(route: ToolRoute, request_id: str) -> types.CallToolResult:
         "reject": reject,
         "result": result,
         "approved_by": "a person holding the approver role",
+        "not_asked_because": why,
+        "retry": False,
         "call_again": False,
+        "next_step": next_step,
     }
     return types.CallToolResult(
         content=[_text(text)],

@@ -18,7 +18,11 @@ elicitation answer is the client program's word, not a person's, so the client
 is asked (``Approver``: accept approves, decline or cancel rejects, ``by:
 mcp-client:<client name>``) only when the operator opted in with
 ``--approve-over-mcp`` and the client declared elicitation; when the question
-cannot be asked or the answer not recorded here, the call answers the same way.
+cannot be asked or the answer not recorded here, the call answers the same way
+(and says why the client was not asked). Agent frameworks retry error results: an
+identical call from the same session while its invocation is parked joins it (same
+request id) instead of parking another, and ``cleveragents__result`` (listed after
+the catalogue) tells what became of a request.
 """
 
 from __future__ import annotations
@@ -39,14 +43,18 @@ from cleveragents import __version__
 from cleveragents.client import SkillClient
 from cleveragents.constants import STATE_AWAITING_APPROVAL
 from cleveragents.errors import SchemaValidationError, SkillErrorType
-from cleveragents.mcp.approval_prompt import Approver, can_elicit
+from cleveragents.mcp.approval_prompt import Approver, why_not_asked
 from cleveragents.mcp.call_results import (
+    AWAITING,
+    RESULT_TOOL,
     awaiting_result,
     call_result,
     revoked_result,
     writes_refused,
 )
 from cleveragents.mcp.naming import ToolRoute, ToolTable
+from cleveragents.mcp.result_tool import RESULT_TOOL_DEFINITION, bad_lookup, outcome_of
+from cleveragents.pipeline.binding import request_digest
 from cleveragents.runtime.outcomes import failed_result
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.skills import SkillResult
@@ -65,6 +73,8 @@ FIRST_POLL_S = 0.02
 MAX_POLL_S = 0.25
 #: Celery states that mean the invocation is over.
 _ENDED = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+#: The streamable HTTP header naming the session a request belongs to.
+SESSION_HEADER = "mcp-session-id"
 _INSTRUCTIONS = (
     "Each tool is one tool of one skill of the CleverAgents catalogue; calls run as "
     "invocations on Celery workers. _meta cleveragents/skill and cleveragents/tool name them."
@@ -99,9 +109,15 @@ class FleetTools:
         #: Whether a client's elicitation answer may decide a parked call (the operator's opt-in).
         self.approve_over_mcp = approve_over_mcp
         self.progress_interval_s = progress_interval_s
+        served = [tool for tool in table.tools if tool["name"] != RESULT_TOOL]
+        if len(served) < len(table.tools):
+            log.warning("a catalogue tool named %s is not served: the name is the server's own",
+                        RESULT_TOOL)
         self._listing = types.ListToolsResult(
-            tools=[types.Tool.model_validate(tool) for tool in table.tools]
+            tools=[types.Tool.model_validate(tool) for tool in [*served, RESULT_TOOL_DEFINITION]]
         )
+        #: Parked calls by (session, content digest): an identical call joins the parked one.
+        self._parked: dict[tuple[str, str], str] = {}
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -113,6 +129,8 @@ class FleetTools:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         """Run one call as an invocation on the fleet and answer with its result."""
+        if params.name == RESULT_TOOL:
+            return await self._lookup(params.arguments or {})
         route = self.table.route(params.name)
         if route is None:
             raise MCPError(INVALID_PARAMS, f"unknown tool: {params.name}")
@@ -131,10 +149,62 @@ class FleetTools:
             return call_result(failed_result(route.skill, route.tool, kind, str(exc)), None)
         # The trace the call's _meta names (traceparent, tracestate): the invocation joins it
         trace = carrier_of(params.meta or {})
-        outcome = await self._run(ctx, route, request, trace)
+        parked_key = self._parked_key(ctx, request)
+        joined = await self._joinable(parked_key)
+        if joined is not None:
+            log.info("call %s: joins invocation %s, parked for the same call of this session",
+                     route.name, joined)
+            request = request.model_copy(update={"request_id": joined})
+        outcome = await self._run(ctx, route, request, trace, send=joined is None)
         if isinstance(outcome, types.CallToolResult):
+            structured = outcome.structured_content or {}
+            if parked_key is not None and structured.get("state") == AWAITING:
+                self._parked[parked_key] = request.request_id
             return outcome
         return call_result(outcome, request.request_id)
+
+    async def _lookup(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        """``cleveragents__result``: the outcome of the invocation ``request_id`` names."""
+        refused = bad_lookup(arguments)
+        if refused is not None:
+            return refused
+        request_id = str(arguments["request_id"]).strip()
+        found = await anyio.to_thread.run_sync(self.client.get, request_id)
+        state = "SUCCESS" if found is not None else await anyio.to_thread.run_sync(
+            self.client.state, request_id
+        )
+        return outcome_of(request_id, found, state)
+
+    @staticmethod
+    def _parked_key(
+        ctx: ServerRequestContext[Any, Any], request: SkillInvocationRequest
+    ) -> tuple[str, str] | None:
+        """Which session sent ``request``, and what it asks: None when the session is unknown.
+
+        stdio serves one session; over HTTP the transport's session id names it (a
+        2026-07-28 request without one names no session, and so joins nothing).
+        """
+        http = ctx.request
+        if http is None:
+            session = "stdio"
+        else:
+            headers = getattr(http, "headers", None)
+            found = headers.get(SESSION_HEADER) if headers is not None else None
+            if not found:
+                return None
+            session = f"http:{found}"
+        return session, request_digest(request)
+
+    async def _joinable(self, key: tuple[str, str] | None) -> str | None:
+        """The id of the session's parked invocation of the same call, while it is not over."""
+        request_id = self._parked.get(key) if key is not None else None
+        if request_id is None or key is None:
+            return None
+        state = await anyio.to_thread.run_sync(self.client.state, request_id)
+        if state in _ENDED:
+            del self._parked[key]
+            return None
+        return request_id
 
     async def _run(
         self,
@@ -142,12 +212,15 @@ class FleetTools:
         route: ToolRoute,
         request: SkillInvocationRequest,
         trace: dict[str, str] | None = None,
+        *,
+        send: bool = True,
     ) -> SkillResult | types.CallToolResult:
         try:
-            await anyio.to_thread.run_sync(
-                lambda: self.client.send(request, skip_if_done=False, trace=trace)
-            )
-            log.info("call %s: invocation %s sent", route.name, request.request_id)
+            if send:
+                await anyio.to_thread.run_sync(
+                    lambda: self.client.send(request, skip_if_done=False, trace=trace)
+                )
+                log.info("call %s: invocation %s sent", route.name, request.request_id)
             return await self._wait(ctx, route, request)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
@@ -191,7 +264,8 @@ class FleetTools:
             if found is not None:
                 return found
             if approver is not None and approver.failed:
-                return awaiting_result(route, request_id)
+                return awaiting_result(route, request_id, "the question could not be asked or "
+                                       "its answer not recorded (the log says why)")
             if time.monotonic() >= next_report:
                 state = await anyio.to_thread.run_sync(
                     self.client.state, request_id, abandon_on_cancel=True
@@ -202,12 +276,13 @@ class FleetTools:
                     why = self._not_asking(ctx)
                     if why is not None:
                         log.info(
-                            "call %s: invocation %s awaits a person's approval; %s",
+                            "call %s: invocation %s awaits a person's approval; the client is "
+                            "not asked: %s",
                             route.name,
                             request_id,
                             why,
                         )
-                        return awaiting_result(route, request_id)
+                        return awaiting_result(route, request_id, why)
                     approver = Approver(ctx, self.client, route, request)
                     asking.start_soon(approver.ask)
                 # A no-op unless the client sent a progressToken with its call.
@@ -220,11 +295,7 @@ class FleetTools:
 
     def _not_asking(self, ctx: ServerRequestContext[Any, Any]) -> str | None:
         """Why the client is not asked to decide a parked call, or None when it is."""
-        if not self.approve_over_mcp:
-            return "the client is not asked (no --approve-over-mcp)"
-        if not can_elicit(ctx.session):
-            return "the client cannot be asked (no elicitation)"
-        return None
+        return why_not_asked(ctx.session, approve_over_mcp=self.approve_over_mcp)
 
     def cancel(self, route: ToolRoute, request_id: str) -> None:
         """Revoke a cancelled call's invocation: stop a read, never a running write."""

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
@@ -22,7 +23,9 @@ from cleveragents.mcp import (
     check_http_options,
     is_loopback,
 )
+from cleveragents.mcp.approval_prompt import why_not_asked
 from cleveragents.mcp.call_results import writes_refused
+from cleveragents.mcp.result_tool import bad_lookup, outcome_of
 from cleveragents.mcp.stdio import PipeLines, pipe_lines
 from cleveragents.skills import Catalogue, SkillResult
 from cleveragents.skills.mcp_tools import export_catalogue
@@ -247,6 +250,7 @@ class _Session:
 class _Context:
     def __init__(self) -> None:
         self.session = _Session()
+        self.request = None  # the transport's request: none on stdio
 
 
 def _call(tools: FleetTools, name: str) -> types.CallToolResult:
@@ -390,3 +394,54 @@ def test_an_accepted_question_approves_the_digest_of_what_it_showed_by_the_clien
         )
     ]
     assert approver.failed is False
+
+
+def _session(capabilities: dict[str, Any] | None, version: str, back_channel: bool) -> Any:
+    """A stand-in for the SDK's ``ServerSession``: what ``why_not_asked`` reads of it."""
+    declared = (
+        None if capabilities is None else types.ClientCapabilities.model_validate(capabilities)
+    )
+    return SimpleNamespace(
+        client_capabilities=declared, protocol_version=version, can_send_request=back_channel
+    )
+
+
+def test_why_a_client_is_not_asked_is_said_for_each_case() -> None:
+    # Given Pydantic AI's declaration (2026-07-28, clientCapabilities in each request's _meta,
+    # which the SDK records as the session's capabilities)
+    modern = _session({"elicitation": {"form": {}, "url": {}}}, "2026-07-28", False)
+    # Then without the operator's opt-in, that is the reason, whatever the client declared
+    assert "--approve-over-mcp" in (why_not_asked(modern, approve_over_mcp=False) or "")
+    # ... and with it, the capability is recognised: the revision is why it is not asked
+    why = why_not_asked(modern, approve_over_mcp=True) or ""
+    assert "2026-07-28" in why, why
+    assert "did not declare" not in why, why
+    handshake = _session({"elicitation": {}}, "2025-11-25", True)
+    assert why_not_asked(handshake, approve_over_mcp=True) is None
+    none = why_not_asked(_session(None, "2025-11-25", True), approve_over_mcp=True)
+    assert none == "the client did not declare the elicitation capability"
+    url_only = _session({"elicitation": {"url": {}}}, "2025-11-25", True)
+    assert "URL-mode" in (why_not_asked(url_only, approve_over_mcp=True) or "")
+    no_channel = _session({"elicitation": {"form": {}}}, "2025-11-25", False)
+    assert "no channel back" in (why_not_asked(no_channel, approve_over_mcp=True) or "")
+
+
+def test_the_result_tool_says_each_state_and_never_to_retry() -> None:
+    ran = SkillResult(skill_name="s/k", tool_name="s/t", success=True, output_data={"n": 1})
+    done = outcome_of("r-1", ran, "SUCCESS")
+    assert done.is_error is not True
+    assert done.structured_content is not None
+    assert done.structured_content["state"] == "succeeded"
+    assert done.structured_content["result"]["output_data"] == {"n": 1}
+    for state, named in [
+        ("AWAITING_APPROVAL", "awaiting_approval"),
+        ("STARTED", "running"),
+        ("REVOKED", "revoked"),
+        ("PENDING", "unknown"),
+    ]:
+        answer = outcome_of("r-2", None, state).structured_content
+        assert answer is not None
+        assert (answer["state"], answer["retry"]) == (named, False), answer
+    assert bad_lookup({"request_id": "r-3"}) is None
+    assert bad_lookup({}) is not None
+    assert bad_lookup({"request_id": 3}) is not None
