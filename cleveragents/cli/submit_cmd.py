@@ -39,6 +39,8 @@ __all__ = ["result", "submit"]
 
 #: How long ``submit --wait`` waits before it checks that a running worker consumes the queue.
 QUEUE_CHECK_S = 3.0
+#: What ``submit --wait --timeout S`` (without ``--wait-timeout``) waits beyond S.
+QUEUEING_ALLOWANCE_S = 60.0
 WRITE_QUEUES = (QUEUE_WRITE, QUEUE_BATCH_WRITE)
 
 
@@ -182,6 +184,15 @@ def _warn_if_unserved(client: SkillClient, queue: str) -> None:
     click.echo(f"warning: {why}; still waiting (Ctrl-C stops waiting, not the request)", err=True)
 
 
+def wait_limit_s(timeout: float | None, wait_timeout: float | None) -> float | None:
+    """How long ``submit --wait`` waits: ``--wait-timeout`` where given; else the
+    invocation's ``--timeout`` plus a minute of queueing (a tool is stopped at its
+    timeout, but may wait its turn first); else until the result is there."""
+    if wait_timeout is not None:
+        return wait_timeout
+    return None if timeout is None else timeout + QUEUEING_ALLOWANCE_S
+
+
 @click.command()
 @click.argument("skill")
 @click.argument("tool")
@@ -198,7 +209,14 @@ def _warn_if_unserved(client: SkillClient, queue: str) -> None:
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     metavar="S",
-    help="The invocation's timeout in seconds (and, with --wait, how long to wait beyond it).",
+    help="The invocation's timeout in seconds: the tool is stopped after it. With --wait and "
+    "no --wait-timeout, the wait allows a minute of queueing on top.",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="Wait at most S seconds for the result (implies --wait); the invocation goes on.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def submit(
@@ -210,9 +228,11 @@ def submit(
     request_id: str | None,
     wait: bool,
     timeout: float | None,
+    wait_timeout: float | None,
     as_json: bool,
 ) -> None:
     """Enqueue one invocation of SKILL's TOOL; print its id, or with --wait its result."""
+    wait = wait or wait_timeout is not None
     arguments = _arguments(args_json, args_file)
     settings = Settings.from_env()
     with cli_client(settings) as client:
@@ -234,8 +254,7 @@ def submit(
                 with local_worker_if_embedded(settings):
                     # Wait on the send's own AsyncResult: already subscribed to the result.
                     pending = client.send(request)
-                    # Tools are stopped at their timeout; allow a minute of queueing on top.
-                    limit = None if timeout is None else timeout + 60
+                    limit = wait_limit_s(timeout, wait_timeout)
                     queue = QUEUE_WRITE if request.allow_writes else QUEUE_READ
                     outcome = _wait(client, request.request_id, limit, pending, queue)
         except RequestIdReused as refused:  # nothing was sent
