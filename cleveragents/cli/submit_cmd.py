@@ -27,7 +27,7 @@ from cleveragents.errors import (
     RemoteControlUnavailable,
     SchemaValidationError,
 )
-from cleveragents.messages import result_payload
+from cleveragents.messages import result_payload, retry_note
 from cleveragents.pipeline.binding import RequestIdReused
 from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.invoke import read_json
@@ -309,8 +309,14 @@ def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) ->
         else:
             _say_awaiting(request_id)
         raise click.exceptions.Exit(1)
+    note = retry_note(AsyncResult(request_id, app=client.app).info) if state == "RETRY" else None
     if as_json:
-        print_json({"request_id": request_id, "state": state})
+        shown = {"request_id": request_id, "state": state}
+        if note is not None:
+            shown.update(retry=note[0], next_attempt_at=note[1])
+        print_json(shown)
+    elif note is not None:
+        click.echo(f"{request_id}: retrying (no result yet): {note[0]}", err=True)
     elif state == "REVOKED":  # Celery's word for it: the invocation was cancelled
         click.echo(
             f"{request_id}: cancelled before it ended (revoked): it has no result, and will "

@@ -116,6 +116,18 @@ def test_every_refusal_gate_and_limit_has_a_fix() -> None:
     assert lines[1:] == ["stderr (last lines):", *(f"  line {i}" for i in range(15, 20))]
 
 
+def test_a_failure_after_retries_says_how_many_attempts_ran() -> None:
+    # Given a transient failure that used up its tool's three attempts (issue 48, item 10)
+    result = failed_result("s/k", "t/t", SkillErrorType.TOOL_EXECUTION_FAILURE, "exit 75",
+                           {"transient": True, "attempts": 3})  # fmt: skip
+    assert failure_lines(result, "r-1")[0] == (
+        "r-1 failed after 3 attempts (tool_execution_failure): exit 75"
+    )
+    # A failure with one attempt says nothing of attempts
+    once = failed_result("s/k", "t/t", SkillErrorType.TOOL_EXECUTION_FAILURE, "x", {"attempts": 1})
+    assert failure_lines(once, "r-1")[0] == "r-1 failed (tool_execution_failure): x"
+
+
 def _cli(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
     env["PYTHONPATH"] = str(REPO)
