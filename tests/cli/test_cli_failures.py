@@ -238,6 +238,21 @@ def test_a_rabbitmq_broker_that_cannot_be_used_is_one_line_naming_the_setting(
     assert "guest-secret" not in line
 
 
+def test_a_redis_database_number_that_does_not_exist_is_named_as_such(
+    tmp_path: Path, redis_url: str
+) -> None:
+    # Given a URL naming database 99 of a Redis with the default 16 (issue 48, item 10)
+    url = redis_url.rsplit("/", 1)[0] + "/99" if redis_url.count("/") > 2 else redis_url + "/99"
+
+    done = _cli(tmp_path, "result", "some-id", CLEVERAGENTS_BROKER_URL=url)
+
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "has no database 99" in line, line
+    assert "CLEVERAGENTS_BROKER_URL is the database" in line, line
+    assert "password" not in line
+
+
 def test_an_args_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     (tmp_path / "args.json").write_bytes(b'\xef\xbb\xbf{"text": "a b"}\r\n')
 
