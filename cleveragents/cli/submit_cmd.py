@@ -39,6 +39,8 @@ __all__ = ["result", "submit"]
 
 #: How long ``submit --wait`` waits before it checks that a running worker consumes the queue.
 QUEUE_CHECK_S = 3.0
+#: The file in an embedded home that says the root note was shown there (once per home).
+ROOT_NOTE_MARKER = "root-note-shown"
 #: What ``submit --wait --timeout S`` (without ``--wait-timeout``) waits beyond S.
 QUEUEING_ALLOWANCE_S = 60.0
 WRITE_QUEUES = (QUEUE_WRITE, QUEUE_BATCH_WRITE)
@@ -81,13 +83,22 @@ def local_worker_if_embedded(settings: Settings) -> Iterator[LocalWorker | None]
 
 
 def _say_tool_user(settings: Settings) -> None:
-    """Once, as a command starts the local worker as root: who its command tools run as."""
+    """Once per home, as a command starts its local worker as root: who its command tools
+    run as (a marker file in the home remembers it was said)."""
     try:
         user = tool_user_for(settings.tool_user)
     except ConfigurationError:
         return  # the worker's own start says why
     if user is None or os.geteuid() != 0:
         return
+    marker = settings.home / ROOT_NOTE_MARKER
+    try:
+        with marker.open("x", encoding="utf-8") as said:
+            said.write(f"{user.name}\n")
+    except FileExistsError:
+        return
+    except OSError:
+        pass  # a home that cannot keep the marker: say it every time
     click.echo(
         f"note: the local worker runs as root, so command tools and MCP servers run as "
         f"{user.name!r}, who may not read or write files only root can (such as those in "
