@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import click
 from celery.result import AsyncResult
 
+from cleveragents.approvals.model import APPROVED, ApprovalError, Decision
 from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.failure_text import failure_lines
 from cleveragents.cli.render import CliFailure, print_json
@@ -21,7 +22,7 @@ from cleveragents.constants import (
     QUEUE_WRITE,
     STATE_AWAITING_APPROVAL,
 )
-from cleveragents.embedded.runner import LocalWorker
+from cleveragents.embedded.runner import LocalWorker, local_worker_running
 from cleveragents.errors import (
     ConfigurationError,
     RemoteControlUnavailable,
@@ -315,6 +316,9 @@ def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) ->
     if state == STATE_AWAITING_APPROVAL:
         meta = AsyncResult(request_id, app=client.app).info
         shown = meta if isinstance(meta, dict) else {}
+        decided = _decision(client, request_id)
+        if decided is not None:
+            _say_decided(client.settings, request_id, decided, shown, as_json)
         if as_json:
             print_json({**shown, "request_id": request_id, "state": "awaiting_approval"})
         else:
@@ -337,6 +341,38 @@ def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) ->
     else:
         click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
     raise click.exceptions.Exit(1)
+
+def _decision(client: SkillClient, request_id: str) -> Decision | None:
+    """The decision taken on a parked invocation whose run has not stored a result yet."""
+    try:
+        return client.approvals.show(request_id)[1]
+    except ApprovalError:
+        return None
+
+
+def _say_decided(
+    settings: Settings, request_id: str, decision: Decision, shown: dict[str, Any], as_json: bool
+) -> NoReturn:
+    """A call decided and not yet run: approved, waiting to run (or rejected, to end so)."""
+    state = "approved" if decision.outcome == APPROVED else "rejected"
+    if as_json:
+        print_json({**shown, "request_id": request_id, "state": state, "by": decision.by})
+        raise click.exceptions.Exit(1)
+    if decision.outcome == APPROVED:
+        said = f"{request_id}: approved by {decision.by}, waiting to run"
+        if settings.embedded and not local_worker_running(settings):
+            said += (
+                f" (no worker serves this home now: `cleveragents result {request_id} --wait` "
+                "starts one, runs it and prints its result)"
+            )
+    else:
+        said = (
+            f"{request_id}: rejected by {decision.by}; it ends as permission_denied when a "
+            "worker takes it"
+        )
+    click.echo(said, err=True)
+    raise click.exceptions.Exit(1)
+
 
 def _unknown(request_id: str, settings: Settings, as_json: bool) -> None:
     """An id with no result, no binding and no waiting message: exit 2, saying why."""
