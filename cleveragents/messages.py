@@ -10,9 +10,12 @@ argument, and ``result_from_stored`` rebuilds it from either form.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from celery.exceptions import Retry
 
 from cleveragents.constants import REDACTED
 from cleveragents.errors import SkillErrorType
@@ -33,6 +36,8 @@ __all__ = [
     "request_payload",
     "result_from_stored",
     "result_payload",
+    "retry_note",
+    "retry_pending",
     "stored_payload",
 ]
 
@@ -309,3 +314,30 @@ def stored_payload(value: Any, request_id: str = "") -> dict[str, Any]:
 def result_from_stored(value: Any, request_id: str = "") -> SkillResult:
     """Rebuild a ``SkillResult`` from what Celery stored (a payload, or the failure)."""
     return SkillResult.model_validate(stored_payload(value, request_id))
+
+
+def retry_pending(
+    attempt: int, error_type: str | None, delay_s: float, now: float | None = None
+) -> Retry:
+    """What a failed attempt that is tried again stores as its RETRY state: which
+    attempt failed, and when the next is due (``Retry.when``, UTC ISO 8601)."""
+    due = time.gmtime((time.time() if now is None else now) + delay_s)
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", due)
+    said = f" ({error_type})" if error_type else ""
+    message = f"attempt {attempt} failed{said}; attempt {attempt + 1} is due at {when}"
+    pending = Retry(message)
+    # Celery's Retry keeps itself as its first argument, which a JSON result backend
+    # stores as its repr: with its own words as arguments it reads back whole, its due
+    # time (as text) as its ``when``.
+    pending.args = (message, None, when)
+    return pending
+
+
+def retry_note(stored: Any) -> tuple[str, str | None] | None:
+    """The message and due time of a stored RETRY state (``retry_pending``'s), if it has them."""
+    if not isinstance(stored, Retry) or not isinstance(stored.message, str):
+        return None
+    if not stored.message.startswith("attempt "):  # an older worker's: Celery's repr
+        return None
+    when = getattr(stored, "when", None)  # text, read back from the stored arguments
+    return stored.message, when if isinstance(when, str) else None

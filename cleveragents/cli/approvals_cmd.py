@@ -15,6 +15,7 @@ from rich.table import Table
 from cleveragents.approvals.model import ApprovalError, Decision, Parked
 from cleveragents.cli.broker_check import cli_client, require_reachable
 from cleveragents.cli.render import CliFailure, console, print_json
+from cleveragents.embedded.runner import local_worker_running
 from cleveragents.errors import ConfigurationError
 from cleveragents.pipeline.binding import content_digest
 from cleveragents.runtime.text import json_text
@@ -135,7 +136,8 @@ def show_approval(request_id: str, as_json: bool) -> None:
 @click.option("--reason", metavar="TEXT", help="Why, for the audit trail.")
 def approve(request_id: str, digest: str | None, by: str | None, reason: str | None) -> None:
     """Approve ID: it runs once, with exactly the arguments printed."""
-    with cli_client(Settings.from_env()) as client:
+    settings = Settings.from_env()
+    with cli_client(settings) as client:
         record, decision = _or_fail(
             lambda: client.approvals.approve_shown(
                 request_id, digest=digest, by=by, reason=reason, channel="cli"
@@ -143,7 +145,21 @@ def approve(request_id: str, digest: str | None, by: str | None, reason: str | N
         )
     click.echo(f"approved {request_id} (by {decision.by}): {record.skill} / {record.tool} with")
     click.echo(json_text(record.body.get("arguments"), indent=2))
-    click.echo(f"digest {decision.digest}: it runs now")
+    click.echo(f"digest {decision.digest}: {what_runs_it(settings, request_id)}")
+
+
+def what_runs_it(settings: Settings, request_id: str) -> str:
+    """What happens next to an approved call: on the embedded default, it runs only
+    while a worker serves the home."""
+    if not settings.embedded:
+        return "it is sent on, and runs when a worker takes it"
+    if local_worker_running(settings):
+        return "it runs now, on this home's local worker"
+    return (
+        "it runs when a worker next serves this home, and none does now: "
+        f"`cleveragents result {request_id} --wait` starts one, runs it and prints its "
+        "result (so does any `submit --wait`, `batch run` or `cleveragents worker` here)"
+    )
 
 
 @approvals.command("reject")

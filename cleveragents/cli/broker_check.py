@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import kombu
@@ -92,7 +93,14 @@ def _ping_until(url: str, setting: str, pool: Any) -> None:
         try:
             client.ping()
             return
-        except (redis.AuthenticationError, redis.ResponseError) as exc:
+        except redis.ResponseError as exc:
+            if "db index" in str(exc).lower():  # SELECT of a database this Redis lacks
+                raise CliFailure(_no_such_database(url, setting, exc)) from None
+            raise CliFailure(
+                f"Redis at {shown} refused this client ({exc}): check the user and password "
+                f"in {setting}"
+            ) from None
+        except redis.AuthenticationError as exc:
             raise CliFailure(
                 f"Redis at {shown} refused this client ({exc}): check the user and password "
                 f"in {setting}"
@@ -108,6 +116,16 @@ def _ping_until(url: str, setting: str, pool: Any) -> None:
             if pool is None:  # a client's pool stays open for the client
                 client.close()
         time.sleep(0.25)
+
+
+def _no_such_database(url: str, setting: str, exc: Exception) -> str:
+    """The line for a URL whose database number this Redis does not have (``/99``)."""
+    number = urlsplit(url).path.strip("/") or "0"
+    return (
+        f"Redis at {maybe_sanitize_url(url)} has no database {number} ({exc}): the number at "
+        f"the end of {setting} is the database; a Redis has 16 (0 to 15) unless its "
+        "`databases` setting says otherwise"
+    )
 
 
 def _connect(url: str, setting: str) -> None:

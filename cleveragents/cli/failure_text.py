@@ -99,11 +99,14 @@ def fix_for(error: SkillError) -> str | None:
 
 
 def failure_lines(result: SkillResult, request_id: str) -> list[str]:
-    """What to print for a failed invocation: cause first, then stderr, then the fix."""
+    """What to print for a failed invocation: cause first (with how many attempts ran,
+    where it was retried), then stderr, then the fix."""
     error = result.error
     if error is None:
         return [f"{request_id} failed"]
-    lines = [f"{request_id} failed ({error.error_type}): {error.message}"]
+    attempts = (error.details or {}).get("attempts")
+    tried = f" after {attempts} attempts" if isinstance(attempts, int) and attempts > 1 else ""
+    lines = [f"{request_id} failed{tried} ({error.error_type}): {error.message}"]
     tail = (error.details or {}).get("stderr_tail")
     if isinstance(tail, str) and tail.strip():
         shown = tail.strip().splitlines()[-STDERR_LINES_SHOWN:]

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import click
 from celery.result import AsyncResult
 
+from cleveragents.approvals.model import APPROVED, ApprovalError, Decision
 from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.failure_text import failure_lines
 from cleveragents.cli.render import CliFailure, print_json
@@ -21,13 +22,13 @@ from cleveragents.constants import (
     QUEUE_WRITE,
     STATE_AWAITING_APPROVAL,
 )
-from cleveragents.embedded.runner import LocalWorker
+from cleveragents.embedded.runner import LocalWorker, local_worker_running
 from cleveragents.errors import (
     ConfigurationError,
     RemoteControlUnavailable,
     SchemaValidationError,
 )
-from cleveragents.messages import result_payload
+from cleveragents.messages import result_payload, retry_note
 from cleveragents.pipeline.binding import RequestIdReused
 from cleveragents.runtime.confined import tool_user_for
 from cleveragents.runtime.invoke import read_json
@@ -39,6 +40,10 @@ __all__ = ["result", "submit"]
 
 #: How long ``submit --wait`` waits before it checks that a running worker consumes the queue.
 QUEUE_CHECK_S = 3.0
+#: The file in an embedded home that says the root note was shown there (once per home).
+ROOT_NOTE_MARKER = "root-note-shown"
+#: What ``submit --wait --timeout S`` (without ``--wait-timeout``) waits beyond S.
+QUEUEING_ALLOWANCE_S = 60.0
 WRITE_QUEUES = (QUEUE_WRITE, QUEUE_BATCH_WRITE)
 
 
@@ -79,13 +84,22 @@ def local_worker_if_embedded(settings: Settings) -> Iterator[LocalWorker | None]
 
 
 def _say_tool_user(settings: Settings) -> None:
-    """Once, as a command starts the local worker as root: who its command tools run as."""
+    """Once per home, as a command starts its local worker as root: who its command tools
+    run as (a marker file in the home remembers it was said)."""
     try:
         user = tool_user_for(settings.tool_user)
     except ConfigurationError:
         return  # the worker's own start says why
     if user is None or os.geteuid() != 0:
         return
+    marker = settings.home / ROOT_NOTE_MARKER
+    try:
+        with marker.open("x", encoding="utf-8") as said:
+            said.write(f"{user.name}\n")
+    except FileExistsError:
+        return
+    except OSError:
+        pass  # a home that cannot keep the marker: say it every time
     click.echo(
         f"note: the local worker runs as root, so command tools and MCP servers run as "
         f"{user.name!r}, who may not read or write files only root can (such as those in "
@@ -182,6 +196,15 @@ def _warn_if_unserved(client: SkillClient, queue: str) -> None:
     click.echo(f"warning: {why}; still waiting (Ctrl-C stops waiting, not the request)", err=True)
 
 
+def wait_limit_s(timeout: float | None, wait_timeout: float | None) -> float | None:
+    """How long ``submit --wait`` waits: ``--wait-timeout`` where given; else the
+    invocation's ``--timeout`` plus a minute of queueing (a tool is stopped at its
+    timeout, but may wait its turn first); else until the result is there."""
+    if wait_timeout is not None:
+        return wait_timeout
+    return None if timeout is None else timeout + QUEUEING_ALLOWANCE_S
+
+
 @click.command()
 @click.argument("skill")
 @click.argument("tool")
@@ -198,7 +221,14 @@ def _warn_if_unserved(client: SkillClient, queue: str) -> None:
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     metavar="S",
-    help="The invocation's timeout in seconds (and, with --wait, how long to wait beyond it).",
+    help="The invocation's timeout in seconds: the tool is stopped after it. With --wait and "
+    "no --wait-timeout, the wait allows a minute of queueing on top.",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="Wait at most S seconds for the result (implies --wait); the invocation goes on.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def submit(
@@ -210,9 +240,11 @@ def submit(
     request_id: str | None,
     wait: bool,
     timeout: float | None,
+    wait_timeout: float | None,
     as_json: bool,
 ) -> None:
     """Enqueue one invocation of SKILL's TOOL; print its id, or with --wait its result."""
+    wait = wait or wait_timeout is not None
     arguments = _arguments(args_json, args_file)
     settings = Settings.from_env()
     with cli_client(settings) as client:
@@ -234,8 +266,7 @@ def submit(
                 with local_worker_if_embedded(settings):
                     # Wait on the send's own AsyncResult: already subscribed to the result.
                     pending = client.send(request)
-                    # Tools are stopped at their timeout; allow a minute of queueing on top.
-                    limit = None if timeout is None else timeout + 60
+                    limit = wait_limit_s(timeout, wait_timeout)
                     queue = QUEUE_WRITE if request.allow_writes else QUEUE_READ
                     outcome = _wait(client, request.request_id, limit, pending, queue)
         except RequestIdReused as refused:  # nothing was sent
@@ -285,13 +316,22 @@ def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) ->
     if state == STATE_AWAITING_APPROVAL:
         meta = AsyncResult(request_id, app=client.app).info
         shown = meta if isinstance(meta, dict) else {}
+        decided = _decision(client, request_id)
+        if decided is not None:
+            _say_decided(client.settings, request_id, decided, shown, as_json)
         if as_json:
             print_json({**shown, "request_id": request_id, "state": "awaiting_approval"})
         else:
             _say_awaiting(request_id)
         raise click.exceptions.Exit(1)
+    note = retry_note(AsyncResult(request_id, app=client.app).info) if state == "RETRY" else None
     if as_json:
-        print_json({"request_id": request_id, "state": state})
+        shown = {"request_id": request_id, "state": state}
+        if note is not None:
+            shown.update(retry=note[0], next_attempt_at=note[1])
+        print_json(shown)
+    elif note is not None:
+        click.echo(f"{request_id}: retrying (no result yet): {note[0]}", err=True)
     elif state == "REVOKED":  # Celery's word for it: the invocation was cancelled
         click.echo(
             f"{request_id}: cancelled before it ended (revoked): it has no result, and will "
@@ -301,6 +341,38 @@ def _not_yet(client: SkillClient, request_id: str, state: str, as_json: bool) ->
     else:
         click.echo(f"{request_id}: {state.lower()} (no result yet)", err=True)
     raise click.exceptions.Exit(1)
+
+def _decision(client: SkillClient, request_id: str) -> Decision | None:
+    """The decision taken on a parked invocation whose run has not stored a result yet."""
+    try:
+        return client.approvals.show(request_id)[1]
+    except ApprovalError:
+        return None
+
+
+def _say_decided(
+    settings: Settings, request_id: str, decision: Decision, shown: dict[str, Any], as_json: bool
+) -> NoReturn:
+    """A call decided and not yet run: approved, waiting to run (or rejected, to end so)."""
+    state = "approved" if decision.outcome == APPROVED else "rejected"
+    if as_json:
+        print_json({**shown, "request_id": request_id, "state": state, "by": decision.by})
+        raise click.exceptions.Exit(1)
+    if decision.outcome == APPROVED:
+        said = f"{request_id}: approved by {decision.by}, waiting to run"
+        if settings.embedded and not local_worker_running(settings):
+            said += (
+                f" (no worker serves this home now: `cleveragents result {request_id} --wait` "
+                "starts one, runs it and prints its result)"
+            )
+    else:
+        said = (
+            f"{request_id}: rejected by {decision.by}; it ends as permission_denied when a "
+            "worker takes it"
+        )
+    click.echo(said, err=True)
+    raise click.exceptions.Exit(1)
+
 
 def _unknown(request_id: str, settings: Settings, as_json: bool) -> None:
     """An id with no result, no binding and no waiting message: exit 2, saying why."""

@@ -43,7 +43,13 @@ from cleveragents.embedded.share import (
 from cleveragents.errors import ConfigurationError
 from cleveragents.settings import Settings
 
-__all__ = ["LOCAL_WORKER_ENV", "LocalWorker", "stop_worker", "worker_command"]
+__all__ = [
+    "LOCAL_WORKER_ENV",
+    "LocalWorker",
+    "local_worker_running",
+    "stop_worker",
+    "worker_command",
+]
 
 #: How long a local worker may take to become ready.
 START_TIMEOUT_S = 60.0
@@ -67,6 +73,14 @@ def worker_command(
 ) -> list[str]:
     """``celery -A worker worker`` run by this interpreter (with ``python`` options)."""
     return [sys.executable, *python, "-m", "celery", "-A", app, "worker", *extra]
+
+
+def local_worker_running(settings: Settings) -> bool:
+    """True while a command's local worker runs for this home (a ``cleveragents worker``
+    someone started by hand is not one: it is not recorded)."""
+    share = HomeShare(settings.home)
+    record = share.read()
+    return record is not None and record.alive() and share.is_local_worker(record)
 
 
 def _queue_folder(settings: Settings) -> str:

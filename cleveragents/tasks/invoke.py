@@ -9,12 +9,17 @@ from functools import partial
 from typing import Any
 
 from celery import Task, states
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 
 from cleveragents.approvals.model import Resolution
 from cleveragents.broker.redis.result_backend import RedisBackend
 from cleveragents.constants import TASK_INVOKE
-from cleveragents.messages import SkillInvocationFailed, failure_summary, result_payload
+from cleveragents.messages import (
+    SkillInvocationFailed,
+    failure_summary,
+    result_payload,
+    retry_pending,
+)
 from cleveragents.pipeline.delivery import ANSWERED, DROPPED, PARKED, RETRY, WAIT, Delivery
 from cleveragents.runtime.pauses import pause_clock
 from cleveragents.skills import SkillResult
@@ -198,5 +203,7 @@ def _retry_later(task: Task[Any, Any], result: SkillResult, attempt: int, delay:
     said = f" ({error.error_type.value})" if error is not None else ""
     why = f"attempt {attempt} failed{said}; attempt {attempt + 1} in {delay:.1f} s"
     resend(task, delay, retry=True, why=why)
-    task.backend.store_result(task_id, Retry(why), states.RETRY, request=task.request)
+    kind = error.error_type.value if error is not None else None
+    pending = retry_pending(attempt, kind, delay)
+    task.backend.store_result(task_id, pending, states.RETRY, request=task.request)
     raise Ignore()

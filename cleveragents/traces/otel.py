@@ -24,8 +24,12 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -40,15 +44,18 @@ _tracer_of_pid: trace.Tracer | None = None
 _pid = 0
 
 
-def _exporter() -> SpanExporter:
+def _processor() -> SpanProcessor:
+    """Console spans are written as each ends (a debugging aid, read in the worker's
+    log: a batch would die with a local worker stopped milliseconds after its last
+    result); OTLP spans are batched."""
     name = exporter_name(os.environ)
     if name == "console":
-        return ConsoleSpanExporter()
+        return SimpleSpanProcessor(ConsoleSpanExporter())
     if name != "otlp":
         raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: this extra exports otlp or console")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter()
+    return BatchSpanProcessor(OTLPSpanExporter())
 
 
 class _PresetTraceIds(RandomIdGenerator):
@@ -75,7 +82,7 @@ def _tracer() -> trace.Tracer:
         with _lock:
             if _tracer_of_pid is None or _pid != os.getpid():
                 provider = TracerProvider(id_generator=_ids)
-                provider.add_span_processor(BatchSpanProcessor(_exporter()))
+                provider.add_span_processor(_processor())
                 _provider, _pid = provider, os.getpid()
                 _tracer_of_pid = provider.get_tracer("cleveragents")
     return _tracer_of_pid

@@ -116,6 +116,18 @@ def test_every_refusal_gate_and_limit_has_a_fix() -> None:
     assert lines[1:] == ["stderr (last lines):", *(f"  line {i}" for i in range(15, 20))]
 
 
+def test_a_failure_after_retries_says_how_many_attempts_ran() -> None:
+    # Given a transient failure that used up its tool's three attempts (issue 48, item 10)
+    result = failed_result("s/k", "t/t", SkillErrorType.TOOL_EXECUTION_FAILURE, "exit 75",
+                           {"transient": True, "attempts": 3})  # fmt: skip
+    assert failure_lines(result, "r-1")[0] == (
+        "r-1 failed after 3 attempts (tool_execution_failure): exit 75"
+    )
+    # A failure with one attempt says nothing of attempts
+    once = failed_result("s/k", "t/t", SkillErrorType.TOOL_EXECUTION_FAILURE, "x", {"attempts": 1})
+    assert failure_lines(once, "r-1")[0] == "r-1 failed (tool_execution_failure): x"
+
+
 def _cli(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
     env["PYTHONPATH"] = str(REPO)
@@ -224,6 +236,21 @@ def test_a_rabbitmq_broker_that_cannot_be_used_is_one_line_naming_the_setting(
     assert said in line, line
     assert "CLEVERAGENTS_BROKER_URL" in line
     assert "guest-secret" not in line
+
+
+def test_a_redis_database_number_that_does_not_exist_is_named_as_such(
+    tmp_path: Path, redis_url: str
+) -> None:
+    # Given a URL naming database 99 of a Redis with the default 16 (issue 48, item 10)
+    url = redis_url.rsplit("/", 1)[0] + "/99" if redis_url.count("/") > 2 else redis_url + "/99"
+
+    done = _cli(tmp_path, "result", "some-id", CLEVERAGENTS_BROKER_URL=url)
+
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "has no database 99" in line, line
+    assert "CLEVERAGENTS_BROKER_URL is the database" in line, line
+    assert "password" not in line
 
 
 def test_an_args_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:

@@ -108,3 +108,33 @@ def test_a_rejection_and_an_expiry_end_as_permission_denied(work: Path) -> None:
     out, _ = expiring.communicate(timeout=60)
     assert json.loads(out)["error"]["details"]["reason"] == "approval_expired"
     assert not log.exists()
+
+
+def test_an_approval_with_no_local_worker_says_what_runs_it_and_result_says_approved(
+    work: Path,
+) -> None:
+    # Given a call parked by `submit --wait`, which then stopped waiting (Ctrl-C), so
+    # that no local worker serves the home (issue 48, item 5)
+    log = work / "payments.jsonl"
+    waiting, _ = _submit(work, "pay-5", log)
+    waiting.send_signal(signal.SIGINT)
+    waiting.communicate(timeout=60)
+    # When it is approved
+    approved = _run(work, "approvals", "approve", "pay-5")
+    # Then `approve` says what runs it, not that it runs now
+    assert approved.returncode == 0, approved.stderr
+    last = approved.stdout.strip().splitlines()[-1]
+    assert "it runs when a worker next serves this home, and none does now" in last, last
+    assert "`cleveragents result pay-5 --wait`" in last
+    # And `result` says it was approved and waits to run (not that it waits for approval)
+    shown = _run(work, "result", "pay-5")
+    assert shown.returncode == 1
+    assert shown.stderr.startswith("pay-5: approved by "), shown.stderr
+    assert ", waiting to run (no worker serves this home now" in shown.stderr
+    assert json.loads(_run(work, "result", "pay-5", "--json").stdout)["state"] == "approved"
+    assert not log.exists()
+    # And `result --wait` starts the local worker, which runs it once
+    ran = _run(work, "result", "pay-5", "--wait", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["success"] is True
+    assert len(log.read_text(encoding="utf-8").splitlines()) == 1

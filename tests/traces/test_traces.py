@@ -138,6 +138,25 @@ def test_the_cli_joins_the_trace_its_environment_names(
     assert "warning: TRACEPARENT is not a W3C traceparent" in bad.stderr
 
 
+def test_console_spans_of_the_embedded_default_land_in_the_local_workers_log(
+    tmp_path: Path,
+) -> None:
+    # Given the embedded default with OTEL_TRACES_EXPORTER=console (issue 48, item 7)
+    env = {**_clean_env(), "CLEVERAGENTS_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO), "OTEL_TRACES_EXPORTER": "console"}  # fmt: skip
+    # When `submit --wait` runs one invocation on the local worker it starts and stops
+    done = subprocess.run(
+        [sys.executable, "-m", "cleveragents", "submit", "local/text-tools", "local/word-count",
+         "--args", '{"text": "a b"}', "--wait", "--json"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # Then its span is in the local worker's log, in the trace the result names
+    log = (tmp_path / "home" / "logs" / "local-worker.log").read_text(encoding="utf-8")
+    assert '"name": "execute_tool local/word-count"' in log
+    assert f'"trace_id": "0x{json.loads(done.stdout)["trace_id"]}"' in log
+
+
 #: Runs an invocation in-process (Celery's eager apply), then prints whether it succeeded
 #: and which tracing modules were imported; ``BLOCK`` makes OpenTelemetry unimportable,
 #: as without the extra.

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from celery.result import AsyncResult
 
 from cleveragents.client import SkillClient
+from cleveragents.messages import retry_note
 from tests.support.procs import Worker, kill_group, wait_until
 from tests.support.worker_runs import WorkerScenario, runs
 
@@ -97,6 +99,11 @@ def test_a_worker_killed_during_the_delay_loses_nothing(scenario: WorkerScenario
     handle = client.submit("test/retries", "test/flaky-3", {"log": str(log), "key": "k",
                                                            "fail_times": 1})  # fmt: skip
     wait_until(lambda: client.state(handle.request_id) == "RETRY", 30, "the first attempt")
+    # (`cleveragents result` reads which attempt failed and when the next is due)
+    note = retry_note(AsyncResult(handle.request_id, app=client.app).info)
+    assert note is not None
+    assert note[1] is not None
+    assert note[0].startswith("attempt 1 failed (tool_execution_failure); attempt 2 is due at ")
     # When it is killed before the retry is due
     assert first.proc is not None
     kill_group(first.proc, signal.SIGKILL)
