@@ -85,7 +85,7 @@ def test_two_hundred_awaited_calls_use_no_thread_each_and_leave_the_loop_respons
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             asked = loop.time()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the ticker's own beat: its lateness is what is measured
             lags.append(loop.time() - asked - 0.01)
             threads_seen.append(threading.active_count())
 
@@ -197,7 +197,7 @@ def test_a_call_awaiting_approval_says_so_and_runs_once_approved(
             for _ in range(300):
                 if await handle.state() == STATE_AWAITING_APPROVAL:
                     break
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # a bounded poll of the state (30 s), not a fixed wait
             assert await handle.state() == STATE_AWAITING_APPROVAL
             with pytest.raises(TimeoutError, match="awaiting approval"):
                 await handle.result(timeout=0.5)

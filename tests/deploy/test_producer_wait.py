@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,6 @@ from tests.support.acl_roles import compose_worker
 from tests.support.composefile import RedisWithUsers, _program, _subprocess_env
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def server() -> Iterator[RedisWithUsers]:
-    """A private redis-server with the compose users: no other worker takes a message."""
-    started = RedisWithUsers().start()
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def test_submit_wait_as_the_producer_user_outlasts_the_queue_check(

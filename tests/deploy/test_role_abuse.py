@@ -45,33 +45,13 @@ from cleveragents.stores import RedisGuardStore, open_stores
 from cleveragents.stores.approvals_redis import READ_ONLY_FLEET, WRITE_FLEET, RedisApprovalStore
 from cleveragents.stores.audit import RedisAuditLog, event
 from cleveragents.worker.approval_sweep import ApprovalSweep
-from tests.support.acl_roles import compose_worker, producer_client, role_app
+from tests.support.acl_roles import as_user as _as
+from tests.support.acl_roles import cli_as, compose_worker, producer_client, role_app
+from tests.support.acl_roles import refused as _refused
 from tests.support.composefile import RedisWithUsers, _program, _subprocess_env
 from tests.support.procs import kill_group, wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def server() -> Iterator[RedisWithUsers]:
-    """A private redis-server with the compose users: no other worker takes a message."""
-    started = RedisWithUsers().start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-def _as(server: RedisWithUsers, user: str) -> redis.Redis:
-    return redis.Redis.from_url(server.url(user), socket_timeout=10)
-
-
-def _refused(client: redis.Redis, *command: str) -> bool:
-    try:
-        client.execute_command(*command)  # type: ignore[no-untyped-call]
-    except redis.exceptions.NoPermissionError:
-        return True
-    return False
 
 
 def _cli(server: RedisWithUsers, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -290,17 +270,6 @@ def _client_as(server: RedisWithUsers, user: str, home: Path) -> SkillClient:
     return SkillClient(settings=Settings.from_env(env))
 
 
-def _cli_as(
-    server: RedisWithUsers, user: str, home: Path, *args: str
-) -> subprocess.CompletedProcess[str]:
-    """The console script as ``user`` runs it."""
-    env = {**_subprocess_env("worker", home), "CLEVERAGENTS_BROKER_URL": server.url(user)}
-    return subprocess.run(
-        [*_program(["cleveragents"]), *args],
-        cwd=home, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-
 def _parked(request_id: str, body: dict[str, Any]) -> Parked:
     return Parked(request_id, body["skill"], body["tool"], content_digest(body), body, None)
 
@@ -497,7 +466,7 @@ def test_the_producer_cannot_decide_and_the_approver_approves_through_a_worker_o
         with pytest.raises(redis.exceptions.NoPermissionError):
             producer.approvals.reject(rid, reason="mine to refuse")
         for args in (("approve", rid), ("reject", rid, "--reason", "no")):
-            tried = _cli_as(server, "producer", tmp_path, "approvals", *args)
+            tried = cli_as(server, "producer", tmp_path, "approvals", *args)
             assert tried.returncode != 0, tried.stdout + tried.stderr
             assert "approved" not in tried.stdout
             assert "rejected" not in tried.stdout
@@ -514,7 +483,7 @@ def test_the_producer_cannot_decide_and_the_approver_approves_through_a_worker_o
         # When the approver, from their own machine, lists and approves it
         approver = stack.enter_context(_client_as(server, "approver", tmp_path / "approver"))
         assert [r.request_id for r in approver.approvals.pending()] == [rid]
-        done = _cli_as(server, "approver", tmp_path, "approvals", "approve", rid, "--by", "alice")
+        done = cli_as(server, "approver", tmp_path, "approvals", "approve", rid, "--by", "alice")
         assert done.returncode == 0, done.stdout + done.stderr
         # Then it runs once, through the worker, and the producer's wait gets its result
         result = handle.result(timeout=60)
@@ -524,7 +493,7 @@ def test_the_producer_cannot_decide_and_the_approver_approves_through_a_worker_o
         trail = list(approver.approvals.audit(request_id=rid))
         assert [e["event"] for e in trail] == APPROVED_TRAIL
         assert trail[2]["by"] == "alice"
-        shown = _cli_as(server, "approver", tmp_path, "audit", "--request-id", rid, "--json")
+        shown = cli_as(server, "approver", tmp_path, "audit", "--request-id", rid, "--json")
         assert shown.returncode == 0, shown.stderr
         assert [json.loads(line)["event"] for line in shown.stdout.splitlines()] == APPROVED_TRAIL
     assert server.denials() == []

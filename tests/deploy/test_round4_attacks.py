@@ -10,10 +10,8 @@ write pushed onto a read queue by a role that may not send one.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,11 @@ from cleveragents.constants import (
 from cleveragents.pipeline.binding import content_digest
 from cleveragents.skills.policies import Limits
 from cleveragents.stores.quotas import Permit, RedisLimitGate
+from tests.support.acl_roles import as_user as _as
+from tests.support.acl_roles import cli_as as _cli
 from tests.support.acl_roles import compose_worker, producer_client, role_app
-from tests.support.composefile import RedisWithUsers, _program, _subprocess_env
+from tests.support.acl_roles import refused as _refused
+from tests.support.composefile import RedisWithUsers
 from tests.support.procs import wait_until
 from tests.support.worker_runs import run_keys
 
@@ -46,47 +47,6 @@ pytestmark = pytest.mark.timeout(240)
 SKILL, PAY, RECORD = "test/approvals", "test/send-payment", "test/record"
 #: The workers' audit key in these tests (a deployment's is its own secret).
 AUDIT_SECRET = "round4-audit-key-0123456789abcdef"
-
-
-@pytest.fixture
-def server() -> Iterator[RedisWithUsers]:
-    started = RedisWithUsers().start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-def _as(server: RedisWithUsers, user: str) -> Any:
-    return redis.Redis.from_url(server.url(user), socket_timeout=10)
-
-
-def _refused(client: redis.Redis, *command: str) -> bool:
-    try:
-        client.execute_command(*command)  # type: ignore[no-untyped-call]
-    except redis.exceptions.NoPermissionError:
-        return True
-    return False
-
-
-def _cli(
-    server: RedisWithUsers, user: str, home: Path, *args: str, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """The console script as ``user`` runs it, with ``env`` added."""
-    environment = {
-        **_subprocess_env("worker", home),
-        "CLEVERAGENTS_BROKER_URL": server.url(user),
-        **env,
-    }
-    return subprocess.run(
-        [*_program(["cleveragents"]), *args],
-        cwd=home,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 # ---- 1: a record planted for the write fleet's approval sweep ---------------------------------

@@ -366,6 +366,14 @@ class SdkStandIn:
         self.open: list[str] = []
         self.deleted: list[str] = []
         self.release = anyio.Event()
+        #: GETs held open now (requests in flight).
+        self.held = 0
+
+    async def holding(self, count: int) -> None:
+        """Return once ``count`` GETs are held open (at most 5 s)."""
+        with anyio.fail_after(5):
+            while self.held < count:
+                await anyio.sleep(0)  # a checkpoint: the held requests start meanwhile
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -381,7 +389,9 @@ class SdkStandIn:
             self.deleted.append(session)
             await _respond(send, 200)
         elif scope["method"] == "GET":
+            self.held += 1
             await self.release.wait()
+            self.held -= 1
             await _respond(send, 200)
         else:
             await _respond(send, 202)
@@ -448,7 +458,7 @@ def test_the_least_recently_used_idle_session_makes_room_and_a_busy_one_never_do
         assert (await call(limit, session=used))[0] == 202
         async with anyio.create_task_group() as group:
             group.start_soon(call, limit, "GET", busy)  # a stream held open: oldest, but busy
-            await anyio.sleep(0.01)
+            await sdk.holding(1)
             await opened(limit)
             sdk.release.set()
         assert sdk.deleted == [unused]
@@ -464,7 +474,7 @@ def test_when_every_session_is_busy_a_new_one_is_refused_with_503_and_nothing_op
         held = await opened(limit)
         async with anyio.create_task_group() as group:
             group.start_soon(call, limit, "GET", held)
-            await anyio.sleep(0.01)
+            await sdk.holding(1)
             status, _ = await call(limit)
             sdk.release.set()
         return status, sdk
@@ -524,7 +534,7 @@ def test_a_client_whose_every_session_is_busy_gets_429_and_nothing_else_closes()
         held = await opened(limit, "10.0.0.2")
         async with anyio.create_task_group() as group:
             group.start_soon(partial(call, limit, "GET", held, peer="10.0.0.2"))
-            await anyio.sleep(0.01)
+            await sdk.holding(1)
             status, _ = await call(limit, peer="10.0.0.2")
             sdk.release.set()
         return status, sdk
@@ -548,7 +558,7 @@ def test_a_full_table_takes_room_from_the_client_holding_most_never_from_a_small
         async with anyio.create_task_group() as group:
             for sid in sessions:
                 group.start_soon(partial(call, limit, "GET", sid))
-            await anyio.sleep(0.01)
+            await sdk.holding(len(sessions))
             status, _ = await call(limit, peer="10.0.0.3")
             sdk.release.set()
         return sdk, big, small, status

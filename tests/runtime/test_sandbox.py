@@ -113,7 +113,7 @@ elif do == "hang":
     import subprocess, time
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     open(args["path"], "w").write(str(child.pid))
-    time.sleep(60)
+    time.sleep(60)  # the tool hangs: its time-out must end it and its child
 """
 
 

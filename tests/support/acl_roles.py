@@ -13,7 +13,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import redis
 from celery import Celery
 
 from cleveragents.broker.celery_settings import celery_settings
@@ -29,7 +31,7 @@ from tests.support.composefile import (
 )
 from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, wait_until
 
-__all__ = ["compose_worker", "producer_client", "role_app"]
+__all__ = ["as_user", "cli_as", "compose_worker", "producer_client", "refused", "role_app"]
 
 
 @contextmanager
@@ -77,3 +79,32 @@ def role_app(server: RedisWithUsers, service: str) -> Celery:
     settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": server.service_url(service)})
     app.conf.update(celery_settings(settings))
     return app
+
+
+def as_user(server: RedisWithUsers, user: str) -> Any:
+    """A Redis client logged in as ``user``."""
+    return redis.Redis.from_url(server.url(user), socket_timeout=10)
+
+
+def refused(client: redis.Redis, *command: str) -> bool:
+    """Whether Redis refuses ``command`` to ``client``'s user (its ACL)."""
+    try:
+        client.execute_command(*command)  # type: ignore[no-untyped-call]
+    except redis.exceptions.NoPermissionError:
+        return True
+    return False
+
+
+def cli_as(
+    server: RedisWithUsers, user: str, home: Path, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The console script as ``user`` runs it (its URL, so its Redis user), ``env`` added."""
+    environment = {
+        **_subprocess_env("worker", home),
+        "CLEVERAGENTS_BROKER_URL": server.url(user),
+        **env,
+    }
+    return subprocess.run(
+        [*_program(["cleveragents"]), *args],
+        cwd=home, env=environment, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
