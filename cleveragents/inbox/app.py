@@ -60,9 +60,11 @@ WRONG_TOKEN_DELAY_S = 0.5
 #: Headers of every answer: no framing, no caching, no referrer to other sites, scripts
 #: only from here.
 SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-     b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
     # Not no-referrer: under it Chromium sends "Origin: null" with the inbox's own forms.
@@ -125,85 +127,101 @@ def _safe_next(path: str | None) -> str:
     return path
 
 
-def build_app(config: InboxConfig) -> ASGIApp:
-    """The inbox as an ASGI app: routes, sessions, CSRF, and the Host/Origin checks."""
-    desk = _Desk(config.desk)
-    seal = SessionSeal(config.token)
-    public_origin = None
-    if config.public_url:
-        parsed = urllib.parse.urlsplit(config.public_url)
-        public_origin = f"{parsed.scheme}://{parsed.netloc}".lower()
+Handler = Callable[[Request, "pages.Page"], Awaitable[Response]]
+FormHandler = Callable[[Request, Any, "Session | None"], Awaitable[Response]]
 
-    def session_of(request: Request) -> Session | None:
-        return seal.decode(request.cookies.get(SESSION_COOKIE))
 
-    def bearer_ok(request: Request) -> bool:
-        if not config.token:
+class _Inbox:
+    """The inbox's handlers: access (sessions, bearer, CSRF, origin) and its pages and forms."""
+
+    def __init__(self, config: InboxConfig) -> None:
+        self.config = config
+        self.desk = _Desk(config.desk)
+        self.seal = SessionSeal(config.token)
+        self.public_origin: str | None = None
+        if config.public_url:
+            parsed = urllib.parse.urlsplit(config.public_url)
+            self.public_origin = f"{parsed.scheme}://{parsed.netloc}".lower()
+
+    def session_of(self, request: Request) -> Session | None:
+        return self.seal.decode(request.cookies.get(SESSION_COOKIE))
+
+    def bearer_ok(self, request: Request) -> bool:
+        if not self.config.token:
             return False
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and token_matches(given.strip(), config.token)
+        return scheme.lower() == "bearer" and token_matches(given.strip(), self.config.token)
 
-    def with_cookie(response: Response, request: Request, session: Session) -> Response:
+    def with_cookie(self, response: Response, request: Request, session: Session) -> Response:
         response.set_cookie(
-            SESSION_COOKIE, seal.encode(session), max_age=int(seal.ttl_s), path="/",
-            httponly=True, samesite="strict", secure=request.url.scheme == "https",
+            SESSION_COOKIE,
+            self.seal.encode(session),
+            max_age=int(self.seal.ttl_s),
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
         )
         return response
 
-    def html(text: str, status: int = 200) -> HTMLResponse:
+    def html(self, text: str, status: int = 200) -> HTMLResponse:
         return HTMLResponse(text, status_code=status)
 
-    Handler = Callable[[Request, pages.Page], Awaitable[Response]]
-
-    def page_route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def page_route(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         """A GET page: signed in (or a bearer) with a token; a session cookie either way."""
 
         async def endpoint(request: Request) -> Response:
-            session = session_of(request)
-            if bearer_ok(request):
-                return await handler(request, page_of(None))
-            if config.token and (session is None or not session.signed_in):
+            session = self.session_of(request)
+            if self.bearer_ok(request):
+                return await handler(request, self.page_of(None))
+            if self.config.token and (session is None or not session.signed_in):
                 target = urllib.parse.quote(request.url.path, safe="/")
                 return RedirectResponse(f"/login?next={target}", status_code=303)
             fresh = session is None
-            session = session or seal.issue()
-            response = await handler(request, page_of(session))
-            return with_cookie(response, request, session) if fresh else response
+            session = session or self.seal.issue()
+            response = await handler(request, self.page_of(session))
+            return self.with_cookie(response, request, session) if fresh else response
 
         return endpoint
 
-    FormHandler = Callable[[Request, Any, Session | None], Awaitable[Response]]
-
-    def form_route(handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
+    def form_route(self, handler: FormHandler) -> Callable[[Request], Awaitable[Response]]:
         """A POST: the same origin, and the session's CSRF token (or a bearer token)."""
 
         async def endpoint(request: Request) -> Response:
             origin = request.headers.get("origin")
             host = request.headers.get("host")
-            if not (same_origin(origin, host) or (origin or "").lower() == public_origin):
-                return html(pages.message_page("Refused", "forms from other sites' pages are "
-                                               "refused"), 403)
+            if not (same_origin(origin, host) or (origin or "").lower() == self.public_origin):
+                return self.html(
+                    pages.message_page("Refused", "forms from other sites' pages are refused"), 403
+                )
             form = await request.form()
-            if bearer_ok(request):
+            if self.bearer_ok(request):
                 return await handler(request, form, None)  # no browser sends it on its own
-            session = session_of(request)
+            session = self.session_of(request)
             given = form.get("csrf")
-            if session is None or not isinstance(given, str) or not token_matches(
-                given, session.csrf
+            if (
+                session is None
+                or not isinstance(given, str)
+                or not token_matches(given, session.csrf)
             ):
-                return html(pages.message_page(
-                    "Refused", "this form is stale or came from elsewhere (no valid CSRF "
-                    "token): open the page again and resend it"), 403)
-            if config.token and not session.signed_in:
+                return self.html(
+                    pages.message_page(
+                        "Refused",
+                        "this form is stale or came from elsewhere (no valid CSRF "
+                        "token): open the page again and resend it",
+                    ),
+                    403,
+                )
+            if self.config.token and not session.signed_in:
                 return RedirectResponse("/login", status_code=303)
             return await handler(request, form, session)
 
         return endpoint
 
-    def decider(form: Any, session: Session | None) -> str:
+    def decider(self, form: Any, session: Session | None) -> str:
         """``by`` of a decision: the name given at login; else the form's name, or this
         user (loopback without a token), or ``token-holder`` (a bearer request)."""
-        if config.token and session is not None:
+        if self.config.token and session is not None:
             return session.name
         given = form.get("by")
         named = given.strip() if isinstance(given, str) else ""
@@ -211,32 +229,34 @@ def build_app(config: InboxConfig) -> ASGIApp:
             return named
         return "token-holder" if session is None else local_user()
 
-    def page_of(session: Session | None) -> pages.Page:
+    def page_of(self, session: Session | None) -> pages.Page:
         if session is None:
             return pages.Page(csrf="", name="", token=True)
-        return pages.Page(session.csrf, session.name, bool(config.token))
+        return pages.Page(session.csrf, session.name, bool(self.config.token))
 
     # --- pages ------------------------------------------------------------------
 
-    async def inbox(request: Request, page: pages.Page) -> Response:
-        waiting = await desk.run(lambda d: d.pending())
-        return html(pages.inbox_page(waiting, page))
+    async def inbox(self, request: Request, page: pages.Page) -> Response:
+        waiting = await self.desk.run(lambda d: d.pending())
+        return self.html(pages.inbox_page(waiting, page))
 
-    async def render_call(request_id: str, page: pages.Page, *, error: str | None = None,
-                          status: int = 200) -> Response:
+    async def render_call(
+        self, request_id: str, page: pages.Page, *, error: str | None = None, status: int = 200
+    ) -> Response:
         try:
-            record, decision = await desk.run(lambda d: d.show(request_id))
+            record, decision = await self.desk.run(lambda d: d.show(request_id))
         except ApprovalError as exc:
-            return html(pages.message_page("No such call", str(exc), page), 404)
-        events = await desk.run(lambda d: _listed(d.audit(request_id=request_id)))
-        text = pages.call_page(record, decision, events, page, content_digest(record.body),
-                               error=error)
-        return html(text, status)
+            return self.html(pages.message_page("No such call", str(exc), page), 404)
+        events = await self.desk.run(lambda d: _listed(d.audit(request_id=request_id)))
+        text = pages.call_page(
+            record, decision, events, page, content_digest(record.body), error=error
+        )
+        return self.html(text, status)
 
-    async def call(request: Request, page: pages.Page) -> Response:
-        return await render_call(request.path_params["request_id"], page)
+    async def call(self, request: Request, page: pages.Page) -> Response:
+        return await self.render_call(request.path_params["request_id"], page)
 
-    async def audit(request: Request, page: pages.Page) -> Response:
+    async def audit(self, request: Request, page: pages.Page) -> Response:
         query = request.query_params
         filters = {key: query.get(key, "").strip() for key in ("request_id", "since", "event")}
         error = None
@@ -245,118 +265,161 @@ def build_app(config: InboxConfig) -> ASGIApp:
             try:
                 since = parse_since(filters["since"])
             except ValueError:
-                error = (f"since {filters['since']!r}: give a span back from now (90s, 15m, "
-                         "2h, 7d) or an ISO 8601 time")
+                error = (
+                    f"since {filters['since']!r}: give a span back from now (90s, 15m, "
+                    "2h, 7d) or an ISO 8601 time"
+                )
         wanted = filters["event"]
 
         def read(d: ApprovalDesk) -> tuple[list[dict[str, str]], dict[str, Any]]:
             events = [
-                e for e in d.audit(request_id=filters["request_id"] or None, since=since)
+                e
+                for e in d.audit(request_id=filters["request_id"] or None, since=since)
                 if not wanted or e.get("event") == wanted
             ][-AUDIT_PAGE_EVENTS:]
             log_ = d.audit_log
-            assert log_ is not None  # the server's desk always has its trail
-            report = verify(log_.streams(), config.audit_key)
-            verdict = {"whole": report.whole, "events": report.events,
-                       "writers": report.writers, "keyed": report.keyed,
-                       "problems": list(report.problems)}
+            assert log_ is not None  # the server's self.desk always has its trail
+            report = verify(log_.streams(), self.config.audit_key)
+            verdict = {
+                "whole": report.whole,
+                "events": report.events,
+                "writers": report.writers,
+                "keyed": report.keyed,
+                "problems": list(report.problems),
+            }
             return events, verdict
 
-        events, verdict = await desk.run(read)
-        return html(pages.audit_page(events, page, verdict=verdict, filters=filters,
-                                     error=error, shown_at_most=AUDIT_PAGE_EVENTS))
+        events, verdict = await self.desk.run(read)
+        return self.html(
+            pages.audit_page(
+                events,
+                page,
+                verdict=verdict,
+                filters=filters,
+                error=error,
+                shown_at_most=AUDIT_PAGE_EVENTS,
+            )
+        )
 
     # --- forms ------------------------------------------------------------------
 
-    async def approve(request: Request, form: Any, session: Session | None) -> Response:
+    async def approve(self, request: Request, form: Any, session: Session | None) -> Response:
         request_id = request.path_params["request_id"]
         digest, reason = form.get("digest"), form.get("reason")
-        by = decider(form, session)
+        by = self.decider(form, session)
         if not isinstance(digest, str) or not digest:
             why = "the form did not say which call it showed (no digest): open its page again"
-            return await render_call(request_id, page_of(session), error=why, status=409)
+            return await self.render_call(request_id, self.page_of(session), error=why, status=409)
         try:
-            await desk.run(lambda d: d.approve(
-                request_id, digest=digest, by=by,
-                reason=reason if isinstance(reason, str) else None, channel="web"))
+            await self.desk.run(
+                lambda d: d.approve(
+                    request_id,
+                    digest=digest,
+                    by=by,
+                    reason=reason if isinstance(reason, str) else None,
+                    channel="web",
+                )
+            )
         except ApprovalError as exc:
-            return await render_call(request_id, page_of(session), error=str(exc), status=409)
+            return await self.render_call(
+                request_id, self.page_of(session), error=str(exc), status=409
+            )
         log.info("approved %s (by %s) in the inbox", request_id, by)
         return RedirectResponse(pages.call_path(request_id), status_code=303)
 
-    async def reject(request: Request, form: Any, session: Session | None) -> Response:
+    async def reject(self, request: Request, form: Any, session: Session | None) -> Response:
         request_id = request.path_params["request_id"]
         reason = form.get("reason")
-        by = decider(form, session)
+        by = self.decider(form, session)
         try:
-            await desk.run(lambda d: d.reject(
-                request_id, reason=reason if isinstance(reason, str) else "", by=by,
-                channel="web"))
+            await self.desk.run(
+                lambda d: d.reject(
+                    request_id,
+                    reason=reason if isinstance(reason, str) else "",
+                    by=by,
+                    channel="web",
+                )
+            )
         except ApprovalError as exc:
-            return await render_call(request_id, page_of(session), error=str(exc), status=409)
+            return await self.render_call(
+                request_id, self.page_of(session), error=str(exc), status=409
+            )
         log.info("rejected %s (by %s) in the inbox", request_id, by)
         return RedirectResponse(pages.call_path(request_id), status_code=303)
 
     # --- login --------------------------------------------------------------------
 
-    async def login(request: Request) -> Response:
-        if not config.token:
+    async def login(self, request: Request) -> Response:
+        if not self.config.token:
             return RedirectResponse("/", status_code=303)
-        session = session_of(request)
+        session = self.session_of(request)
         if request.method == "GET":
             fresh = session is None
-            session = session or seal.issue()
-            text = pages.login_page(session.csrf, next_path=_safe_next(
-                request.query_params.get("next")))
-            response = html(text)
-            return with_cookie(response, request, session) if fresh else response
+            session = session or self.seal.issue()
+            text = pages.login_page(
+                session.csrf, next_path=_safe_next(request.query_params.get("next"))
+            )
+            response = self.html(text)
+            return self.with_cookie(response, request, session) if fresh else response
         origin = request.headers.get("origin")
-        if not (same_origin(origin, request.headers.get("host"))
-                or (origin or "").lower() == public_origin):
-            return html(pages.message_page("Refused", "forms from other sites' pages are "
-                                           "refused"), 403)
+        if not (
+            same_origin(origin, request.headers.get("host"))
+            or (origin or "").lower() == self.public_origin
+        ):
+            return self.html(
+                pages.message_page("Refused", "forms from other sites' pages are refused"), 403
+            )
         form = await request.form()
         given_csrf, token, name = form.get("csrf"), form.get("token"), form.get("name")
         wanted_next = form.get("next")
         next_path = _safe_next(wanted_next if isinstance(wanted_next, str) else None)
-        if session is None or not isinstance(given_csrf, str) or not token_matches(
-            given_csrf, session.csrf
+        if (
+            session is None
+            or not isinstance(given_csrf, str)
+            or not token_matches(given_csrf, session.csrf)
         ):
-            session = seal.issue()
-            text = pages.login_page(session.csrf, next_path=next_path,
-                                    error="the form was stale: sign in again")
-            return with_cookie(html(text, 403), request, session)
+            session = self.seal.issue()
+            text = pages.login_page(
+                session.csrf, next_path=next_path, error="the form was stale: sign in again"
+            )
+            return self.with_cookie(self.html(text, 403), request, session)
         named = name.strip() if isinstance(name, str) else ""
-        if not isinstance(token, str) or not token_matches(token, config.token) or not named:
+        if not isinstance(token, str) or not token_matches(token, self.config.token) or not named:
             await asyncio.sleep(WRONG_TOKEN_DELAY_S)
             why = "give your name" if not named else "that is not the inbox's token"
             text = pages.login_page(session.csrf, next_path=next_path, error=why)
-            return html(text, 401)
-        signed = seal.issue(named, signed_in=True)  # a new CSRF token: no fixation
+            return self.html(text, 401)
+        signed = self.seal.issue(named, signed_in=True)  # a new CSRF token: no fixation
         log.info("%s signed in to the inbox", signed.name)
-        return with_cookie(RedirectResponse(next_path, status_code=303), request, signed)
+        return self.with_cookie(RedirectResponse(next_path, status_code=303), request, signed)
 
-    async def logout(request: Request, form: Any, session: Session | None) -> Response:
-        response = RedirectResponse("/login" if config.token else "/", status_code=303)
+    async def logout(self, request: Request, form: Any, session: Session | None) -> Response:
+        response = RedirectResponse("/login" if self.config.token else "/", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
 
-    async def style(request: Request) -> Response:
+    async def style(self, request: Request) -> Response:
         return Response(pages.STYLE, media_type="text/css")
 
-    async def script(request: Request) -> Response:
+    async def script(self, request: Request) -> Response:
         return Response(pages.SCRIPT, media_type="text/javascript")
 
+
+def build_app(config: InboxConfig) -> ASGIApp:
+    """The inbox as an ASGI app: routes, sessions, CSRF, and the Host/Origin checks."""
+    inbox = _Inbox(config)
     routes = [
-        Route("/", page_route(inbox)),
-        Route("/calls/{request_id:path}", page_route(call)),
-        Route("/calls/{request_id:path}/approve", form_route(approve), methods=["POST"]),
-        Route("/calls/{request_id:path}/reject", form_route(reject), methods=["POST"]),
-        Route("/audit", page_route(audit)),
-        Route("/login", login, methods=["GET", "POST"]),
-        Route("/logout", form_route(logout), methods=["POST"]),
-        Route("/static/inbox.css", style),
-        Route("/static/inbox.js", script),
+        Route("/", inbox.page_route(inbox.inbox)),
+        Route("/calls/{request_id:path}", inbox.page_route(inbox.call)),
+        Route(
+            "/calls/{request_id:path}/approve", inbox.form_route(inbox.approve), methods=["POST"]
+        ),
+        Route("/calls/{request_id:path}/reject", inbox.form_route(inbox.reject), methods=["POST"]),
+        Route("/audit", inbox.page_route(inbox.audit)),
+        Route("/login", inbox.login, methods=["GET", "POST"]),
+        Route("/logout", inbox.form_route(inbox.logout), methods=["POST"]),
+        Route("/static/inbox.css", inbox.style),
+        Route("/static/inbox.js", inbox.script),
     ]
     app: ASGIApp = AccessLog(SecurityHeaders(Starlette(routes=routes)))
     # Without a token only this machine's own names may reach it (DNS rebinding), as
@@ -381,8 +444,7 @@ class SecurityHeaders:
 
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *SECURITY_HEADERS]}
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
             await send(message)
 
         await self.app(scope, receive, with_headers)
