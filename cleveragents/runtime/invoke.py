@@ -416,24 +416,13 @@ def invoke(
     skill, tool = parsed.skill, parsed.tool
     progress = _Progress()
     try:
-        if isinstance(found, Exception):
-            raise found
-        if found is not None and found[0].skill.name == skill and found[1].tool.name == tool:
-            definition, entry = found
-        else:
-            definition, entry = catalogue.find_tool(skill, tool)
+        definition, entry = _looked_up(catalogue, skill, tool, found)
         data, changes = _execute(
-            definition,
-            entry,
-            parsed,
-            read_only=read_only,
-            default_timeout_s=default_timeout_s,
-            max_timeout_s=max_timeout_s,
+            definition, entry, parsed, read_only=read_only,
+            default_timeout_s=default_timeout_s, max_timeout_s=max_timeout_s,
             max_output_bytes=max_output_bytes or default_output_limit(),
-            before_write=before_write,
-            hooks=hooks,
-            progress=progress,
-        )
+            before_write=before_write, hooks=hooks, progress=progress,
+        )  # fmt: skip
     except AwaitingApproval:
         raise
     except (Exception, SystemExit, ToolTimeout) as exc:  # every outcome becomes a SkillResult
@@ -442,6 +431,21 @@ def invoke(
         skill_name=skill, tool_name=tool, success=True, output_data=data,
         duration_ms=_elapsed_ms(started), resource_changes=changes,
     )  # fmt: skip
+
+
+def _looked_up(
+    catalogue: Catalogue,
+    skill: str,
+    tool: str,
+    found: tuple[SkillDefinition, ResolvedToolEntry] | Exception | None,
+) -> tuple[SkillDefinition, ResolvedToolEntry]:
+    """The skill and tool a request names: the caller's lookup where it names them both
+    (or the error it raised), else the catalogue's."""
+    if isinstance(found, Exception):
+        raise found
+    if found is not None and found[0].skill.name == skill and found[1].tool.name == tool:
+        return found
+    return catalogue.find_tool(skill, tool)
 
 
 def _parsed(

@@ -279,13 +279,7 @@ def run_command_tool(
                 sandboxing.wrapped(bwrap, argv, policy, scratch, tool=tool.name, python=python)
             )
             env = sandboxed_environment(env, added)
-        try:
-            finished = run_confined(run_argv, env, payload, timeout_s, max_stdout=limit, user=user)
-        except OSError as exc:
-            raise ToolActivationError(
-                f"tool activation failed for {tool.name!r}: cannot start its shepherd: {exc}",
-                details={"command": argv},
-            ) from None
+        finished = _started(tool, argv, run_argv, env, payload, timeout_s, limit, user)
         try:
             data = _check(tool, argv, finished, arguments, timeout_s)
         except (ToolActivationError, ToolExecutionError) as exc:
@@ -293,6 +287,26 @@ def run_command_tool(
         budget = limit - len(finished.stdout)
         changes = _read_changes(Path(env["CLEVERAGENTS_RESOURCE_CHANGES"]), user, budget, tool.name)
         return ToolOutput(data, changes)
+
+
+def _started(
+    tool: ToolSpec,
+    argv: list[str],
+    run_argv: list[str],
+    env: dict[str, str],
+    payload: bytes,
+    timeout_s: float,
+    limit: int,
+    user: ToolUser | None,
+) -> Finished:
+    """The program run under its shepherd to its end (``ToolActivationError``: no shepherd)."""
+    try:
+        return run_confined(run_argv, env, payload, timeout_s, max_stdout=limit, user=user)
+    except OSError as exc:
+        raise ToolActivationError(
+            f"tool activation failed for {tool.name!r}: cannot start its shepherd: {exc}",
+            details={"command": argv},
+        ) from None
 
 
 class CommandKind:
