@@ -65,17 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("CLEVERAGENTS_BROKER_URL", "CLEVERAGENTS_RESULT_BACKEND"):
         os.environ.pop(name, None)
     # The task as a pool process runs it, through Celery's tracer (in this process: the
-    # embedded default's result store in a folder of its own).
-    from cleveragents.embedded.folders import create_folders
+    # embedded default's server in a home of its own).
+    from cleveragents.embedded.server import join_server, leave_server
     from cleveragents.settings import Settings
 
-    create_folders(Settings.from_env())
+    join_server(Settings.from_env().home)
     import cleveragents.tasks.invoke  # noqa: F401  (registers skills.invoke)
     from cleveragents.worker.celery_app import app
 
     task = app.tasks["skills.invoke"]
     assert task.apply(args=[_request(0)], task_id="path-0").successful()
     functions, files = count(lambda: task.apply(args=[_request(1)], task_id="path-1"))
+    leave_server(Settings.from_env().home)
     shutil.rmtree(home, ignore_errors=True)
     if args.json:
         print(json.dumps({"functions": len(functions), "files": len(files)}))

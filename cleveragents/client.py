@@ -31,8 +31,10 @@ from cleveragents.broker.celery_settings import (
     celery_settings,
     consumer_transport,
     fallback_facts,
+    needs_server,
 )
 from cleveragents.broker.queue_search import is_waiting
+from cleveragents.broker.redis.liveness import holders_alive
 from cleveragents.broker.signing import register_signing
 from cleveragents.constants import (
     BATCH_HEADER,
@@ -45,8 +47,7 @@ from cleveragents.constants import (
     TASK_INVOKE,
     TASK_INVOKE_CHUNK,
 )
-from cleveragents.embedded.folders import EmbeddedFolders, create_folders
-from cleveragents.embedded.inflight import live_consumers
+from cleveragents.embedded.server import join_server, leave_server
 from cleveragents.errors import RemoteControlUnavailable
 from cleveragents.messages import (
     ChunkContext,
@@ -70,12 +71,10 @@ __all__ = ["InvocationHandle", "NoWorkerRunning", "SkillClient"]
 
 log = logging.getLogger("cleveragents.client")
 
-#: Poll interval for result stores without push notifications (the embedded file store).
+#: Poll interval for result stores without push notifications.
 POLL_INTERVAL_S = 0.02
 #: The longest poll interval of a long wait on such a store.
 MAX_POLL_INTERVAL_S = 0.25
-#: Reads of a result caught half written before it counts as not there yet.
-TORN_READS = 5
 #: How often a waiting client re-reads the store besides waiting for a notification.
 RECHECK_S = 2.0
 #: ``locate`` looks twice, this far apart, before it calls an id unknown.
@@ -199,7 +198,10 @@ class SkillClient:
         _warn_once(internals.check("producer", broker_of(base), fallback_facts(base)).warnings)
         if base.signing is not None:  # before anything is created: a bad key is one error
             register_signing(base.signing)
-        create_folders(base)  # the embedded broker's and the file result store's, if used
+        #: The home's server this client uses (the embedded default), until ``close``.
+        self._home = base.home if needs_server(base) else None
+        if self._home is not None:
+            join_server(self._home)
         self.app = Celery("cleveragents-client", set_as_current=False)
         self.app.conf.update(celery_settings(base, producer=True))
         transport = consumer_transport(base)
@@ -225,6 +227,9 @@ class SkillClient:
             if redis_client is not None:
                 redis_client.connection_pool.disconnect()
         self.app.close()
+        home, self._home = self._home, None
+        if home is not None:
+            leave_server(home)
 
     def __enter__(self) -> SkillClient:
         return self
@@ -343,7 +348,7 @@ class SkillClient:
         """``send_task``, with the message and its ``task-sent`` event in one round trip.
 
         On Redis kombu batches the two publishes into one pipeline; a transport
-        that cannot (RabbitMQ, the embedded broker) publishes them as before. A
+        that cannot (RabbitMQ) publishes them as before. A
         batch whose pipeline failed (delivery uncertain) is sent again the usual
         way, with kombu's retries: a message that did arrive twice carries the
         same id, and a worker runs an id once (``cleveragents.pipeline.binding``).
@@ -362,7 +367,7 @@ class SkillClient:
         after its result was read: Celery keeps such a message and would answer the
         next wait on that id with it (the old result), not the run being sent now."""
         pending = getattr(self.app.backend, "_pending_messages", None)
-        if pending is None:  # a backend without notifications (the embedded file store)
+        if pending is None:  # a backend without notifications
             return
         while pending.take(request_id, None) is not None:
             pass
@@ -401,11 +406,8 @@ class SkillClient:
         ``details["reason"] == "cancelled"``. Then Celery's revoke is broadcast, which
         stops a running one (``terminate``) where this producer may use remote control;
         where it may not (the producer's Redis user), that is said in one warning line.
-
-        Returns False, doing nothing, on the embedded default: its local worker takes
-        no broadcast commands and its stores keep no cancel marks.
         """
-        if self.settings.embedded or not self.stores.guard.cancel(request_id):
+        if not self.stores.guard.cancel(request_id):
             return False
         try:
             self.app.control.revoke(request_id, terminate=terminate, signal="SIGTERM")
@@ -534,30 +536,24 @@ class SkillClient:
         return UNKNOWN
 
     def get(self, request_id: str) -> SkillResult | None:
-        """The stored result, or None while there is none (or it is being written)."""
-        for attempt in range(TORN_READS):
-            try:
-                meta = self.app.backend.get_task_meta(request_id)
-            except ValueError:
-                # The file store writes a result in place: a read can catch it half
-                # written. Read again shortly; a result still torn counts as not there yet.
-                time.sleep(POLL_INTERVAL_S * (attempt + 1))
-                continue
-            if meta.get("status") not in ("SUCCESS", "FAILURE"):
-                return None
-            return result_from_stored(meta.get("result"), request_id)
-        return None
+        """The stored result, or None while there is none."""
+        meta = self.app.backend.get_task_meta(request_id)
+        if meta.get("status") not in ("SUCCESS", "FAILURE"):
+            return None
+        return result_from_stored(meta.get("result"), request_id)
 
     def trace_id(self, request_id: str) -> str | None:
         """The trace id a traced worker stored with the result (None: none stored)."""
-        try:
-            meta = self.app.backend.get_task_meta(request_id)
-        except ValueError:  # a file store read mid-write
-            return None
+        meta = self.app.backend.get_task_meta(request_id)
         if meta.get("status") not in ("SUCCESS", "FAILURE"):
             return None
         found = stored_payload(meta.get("result"), request_id).get("trace_id")
         return found if isinstance(found, str) else None
+
+    def _redis(self) -> Any:
+        """The result backend's Redis client (the embedded default's server)."""
+        backend: Any = self.app.backend
+        return backend.client
 
     def _no_result(self, request_id: str, timeout: float) -> str:
         """What a time-out says: the request id, and what to check."""
@@ -584,10 +580,9 @@ class SkillClient:
         Raises:
             NoWorkerRunning: no worker consumes the embedded queue, and no result is stored.
         """
-        queue = EmbeddedFolders.under(self.settings.home).queue
         grace_ends = time.monotonic() + NO_WORKER_GRACE_S
         while True:
-            if live_consumers(queue):
+            if holders_alive(self._redis()):
                 return None
             found = self.get(request_id)
             if found is not None:
@@ -599,7 +594,8 @@ class SkillClient:
                     f"under {self.settings.home.resolve()}: run `cleveragents worker` in another "
                     "terminal (same folder, or the same CLEVERAGENTS_HOME), or wrap the "
                     "client's work in `with LocalWorker(client.settings):` "
-                    "(cleveragents.embedded.runner); the request waits on disk until then"
+                    "(cleveragents.embedded.runner); the request waits in the home's server "
+                    "until then"
                 )
             time.sleep(0.1)
 
@@ -659,10 +655,6 @@ class SkillClient:
         except CeleryTimeoutError:
             found = self.get(request_id)
             return (found if found is not None and _answers(found, writes) else None), handle
-        except ValueError:
-            # A file store read mid-write: read again after a pause, never at once.
-            time.sleep(min(interval, step))
-            return None, handle
         result = result_from_stored(value, request_id)
         if _answers(result, writes):
             return result, handle

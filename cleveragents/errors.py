@@ -27,6 +27,7 @@ from typing import Any
 __all__ = [
     "CleverAgentsError",
     "ConfigurationError",
+    "EmbeddedServerUnavailable",
     "IncludeCycleError",
     "ReadOnlyViolation",
     "RemoteControlUnavailable",
@@ -161,6 +162,13 @@ class WriteRefused(CleverAgentsError, PermissionError, error_type=SkillErrorType
 
 class ConfigurationError(CleverAgentsError):
     """Raised when settings or command-line usage are invalid."""
+
+
+class EmbeddedServerUnavailable(ConfigurationError):
+    """Raised when the embedded default's server cannot run: no usable binary, one that
+    does not start, or a server this home did not start on its socket. The CLI exits 1."""
+
+    exit_code = 1
 
 
 class RemoteControlUnavailable(CleverAgentsError):

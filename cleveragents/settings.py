@@ -255,5 +255,5 @@ class Settings:
 
     @property
     def embedded(self) -> bool:
-        """True when no broker is configured: the on-disk embedded default is used."""
+        """True when no broker is configured: the embedded default (the home's server) is used."""
         return self.broker_url is None

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from cleveragents.client import SkillClient
+from cleveragents.embedded.urls import HomeUrls
 from cleveragents.settings import Settings
 from tests.support import rabbit
 from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, RedisServer, Worker
@@ -84,13 +85,19 @@ def rabbit_url(rabbitmq: rabbit.Rabbit) -> Iterator[str]:
 class Broker:
     """Where a test's invocations travel (``url``) and where their results go (``backend``)."""
 
-    kind: str  # "redis" or "rabbitmq"
+    kind: str  # "redis", "rabbitmq" or "embedded"
+    #: The broker, and the Redis of the results: on the embedded default both are the
+    #: home's server as redis-py names it, which no setting names (``env``).
     url: str
     backend: str
+    #: The embedded default's home (its private server's), else None.
+    home: str | None = None
 
     @property
     def env(self) -> dict[str, str]:
-        """The two settings of a producer or exporter on this broker."""
+        """The settings of a producer or exporter on this broker."""
+        if self.home is not None:
+            return {"CLEVERAGENTS_HOME": self.home}
         return {"CLEVERAGENTS_BROKER_URL": self.url, "CLEVERAGENTS_RESULT_BACKEND": self.backend}
 
     def settings(self) -> Settings:
@@ -99,10 +106,28 @@ class Broker:
 
 @pytest.fixture(params=["redis", "rabbitmq"])
 def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
-    """Each broker in turn: Redis alone, then RabbitMQ with the Redis as result backend."""
+    """Each broker in turn: Redis alone, then RabbitMQ with the Redis as result backend.
+
+    A module of queue tests adds the embedded default (no broker configured: the home's
+    private server, which its workers and clients share) by overriding this fixture
+    with ``params=EVERY_BROKER`` and the same body, ``broker_for``.
+    """
+    return broker_for(request, redis_url)
+
+
+def broker_for(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """The ``Broker`` its parameter names."""
     if request.param == "redis":
         return Broker("redis", redis_url, redis_url)
+    if request.param == "embedded":
+        home = request.getfixturevalue("tmp_path") / "embedded-home"
+        server = HomeUrls.of(home).client
+        return Broker("embedded", server, server, home=str(home))
     return Broker("rabbitmq", request.getfixturevalue("rabbit_url"), redis_url)
+
+
+#: Every broker a queue test runs on: ``broker``'s two, and the embedded default.
+EVERY_BROKER = ["redis", "rabbitmq", "embedded"]
 
 
 @pytest.fixture
@@ -144,6 +169,9 @@ def start_worker() -> Iterator[Callable[..., Worker]]:
         **env: str,
     ) -> Worker:
         url, backend = (broker, None) if isinstance(broker, str) else (broker.url, broker.backend)
+        if isinstance(broker, Broker) and broker.home is not None:  # on the embedded home
+            url, backend = "", None  # none configured
+            env = {"CLEVERAGENTS_HOME": broker.home, **env}
         worker = Worker(
             worker_env(url, read_only=read_only, backend=backend, **env),
             concurrency=concurrency,

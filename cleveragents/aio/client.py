@@ -11,7 +11,7 @@ drives for everything but waiting:
   the invocation's ``execute_tool`` span.
 - **Results** are awaited on the loop itself (``results.py``): on a Redis result
   backend one pub/sub connection for every awaited call, no thread and no poll per
-  call; on a backend with no notifications (the embedded default's result files) one
+  call; on a backend with no notifications (a ``sentinel://`` one) one
   polling task for all of them, its reads in the pool.
 
 ::
@@ -35,11 +35,10 @@ from typing import Any, TypeVar
 
 from cleveragents.aio.results import PolledResults, PubSubResults, ResultWaiter
 from cleveragents.approvals.model import Decision
+from cleveragents.broker.redis.liveness import holders_alive
 from cleveragents.broker.redis.result_backend import send_only_result_backend
 from cleveragents.client import NoWorkerRunning, SkillClient
 from cleveragents.constants import STATE_AWAITING_APPROVAL
-from cleveragents.embedded.folders import EmbeddedFolders
-from cleveragents.embedded.inflight import live_consumers
 from cleveragents.runtime.request import SkillInvocationRequest
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
@@ -53,7 +52,7 @@ SEND_THREADS = 4
 #: On the embedded default, how long a wait gives a worker to show up before it says none runs.
 NO_WORKER_GRACE_S = 3.0
 #: Result backends whose stored states are published: awaited through pub/sub.
-PUBSUB_SCHEMES = frozenset({"redis", "rediss"})
+PUBSUB_SCHEMES = frozenset({"redis", "rediss", "redis+socket"})
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,12 @@ class AsyncInvocationHandle:
         return await self.client.revoke(self.request_id, terminate=terminate)
 
 
+def _redis_py(url: str) -> str:
+    """A Celery result backend's URL as redis-py names it (a socket is ``unix://``)."""
+    scheme, _, rest = url.partition("://")
+    return f"unix://{rest}" if scheme.lower() == "redis+socket" else url
+
+
 class AsyncSkillClient:
     """Submit skill invocations and await their results on one event loop.
 
@@ -119,11 +124,12 @@ class AsyncSkillClient:
         self.settings = self.sync.settings
         backend_url = str(self.sync.app.conf.result_backend or "")
         scheme = backend_url.partition("://")[0].lower()
-        #: The Redis whose published states are awaited; None: the store is polled.
-        self.pubsub_url = backend_url if scheme in PUBSUB_SCHEMES else None
+        #: The Redis whose published states are awaited (as redis-py names it); None:
+        #: the store is polled.
+        self.pubsub_url = _redis_py(backend_url) if scheme in PUBSUB_SCHEMES else None
         if self.pubsub_url is not None:
             # Celery would subscribe its own (blocking) connection to every id it sends.
-            self.sync.app.conf.update(result_backend=send_only_result_backend(self.pubsub_url))
+            self.sync.app.conf.update(result_backend=send_only_result_backend(backend_url))
         self._pool = ThreadPoolExecutor(send_threads, thread_name_prefix="cleveragents-send")
         self._waiter: ResultWaiter | None = None
         self._closed = False
@@ -302,15 +308,14 @@ class AsyncSkillClient:
         await asyncio.wait({waiting}, timeout=grace)
         if waiting.done():
             return
-        queue = EmbeddedFolders.under(self.settings.home).queue
-        if await self._run(live_consumers, queue):
+        if await self._run(holders_alive, self.sync._redis()):
             return
         raise NoWorkerRunning(
             f"no result for {request_id}, and no worker serves the embedded queue under "
             f"{self.settings.home.resolve()}: run `cleveragents worker` in another terminal "
             "(same folder, or the same CLEVERAGENTS_HOME), or wrap the work in "
             "`with LocalWorker(client.settings):` (cleveragents.embedded.runner); the "
-            "request waits on disk until then"
+            "request waits in the home's server until then"
         )
 
     async def _no_result(self, request_id: str, timeout: float) -> str:
@@ -340,7 +345,7 @@ class AsyncSkillClient:
 
     async def revoke(self, request_id: str, *, terminate: bool = False) -> bool:
         """Cancel an invocation, as ``SkillClient.revoke``: a queued one never starts;
-        ``terminate`` stops a running one. False on the embedded default."""
+        ``terminate`` stops a running one."""
         return await self._run(self.sync.revoke, request_id, terminate=terminate)
 
     async def approve(

@@ -2,7 +2,8 @@
 
 Two ways, one chosen when the client opens (``open_results``):
 
-- ``PubSubResults``, on a Redis result backend (``redis://``, ``rediss://``). As a
+- ``PubSubResults``, on a Redis result backend (``redis://``, ``rediss://``, the
+  embedded default's server on its socket). As a
   worker stores a finished state it PUBLISHes it on the ``celery-task-meta-<id>``
   channel (Celery's Redis backend, and ours: ``broker/redis/result_backend.py``).
   One ``redis.asyncio`` pub/sub connection is subscribed to the channels of the ids
@@ -12,9 +13,9 @@ Two ways, one chosen when the client opens (``open_results``):
   message published while the connection was down is lost. No thread and no poll per
   call: 200 awaited calls are 200 futures and 200 channels on one connection, and the
   reads after their subscriptions are a few MGETs.
-- ``PolledResults``, on any other backend (the embedded default's result files, a
-  ``sentinel://`` one): no notifications to wait for, so one task polls, reading every
-  id that is due in one call in the client's executor (file reads block); each id is
+- ``PolledResults``, on any other backend (a ``sentinel://`` one): no notifications to
+  wait for, so one task polls, reading every id that is due in one call in the
+  client's executor (reads block); each id is
   read first after 20 ms, then at intervals doubling to 250 ms, as ``SkillClient.wait``
   polls such a store.
 

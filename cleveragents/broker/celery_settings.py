@@ -2,7 +2,8 @@
 
 ``celery_settings`` is pure: it creates no folder and changes no global. The worker
 app applies it through ``celeryconfig``; a producer's ``SkillClient`` applies it to
-its own app. The folders it names are created by ``embedded.folders.create_folders``.
+its own app. The embedded default's server it names is started by
+``embedded.server.join_server``, called by the client and the worker before they connect.
 """
 
 from __future__ import annotations
@@ -28,33 +29,35 @@ from cleveragents.constants import (
     QUEUE_READ,
     QUEUE_WRITE,
 )
-from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
+from cleveragents.embedded.urls import HomeUrls
 from cleveragents.errors import ConfigurationError
 from cleveragents.pipeline.guard import CLAIM_GRACE_S
 from cleveragents.settings import BACKEND_FORMS, BROKER_FORMS, MessageSigning, Settings, shown_url
 from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
 
 __all__ = [
-    "EMBEDDED_SCHEME",
-    "EMBEDDED_TRANSPORT",
     "REDIS_TRANSPORT",
+    "SOCKET_TRANSPORT",
     "STOCK_VISIBILITY_MARGIN_S",
     "broker_of",
     "celery_settings",
     "consumer_transport",
     "fallback_facts",
     "longest_hold_s",
+    "needs_server",
+    "redis_url",
+    "uses_redis",
     "visibility_timeout_s",
 ]
 
-#: URL scheme of the embedded on-disk broker.
-EMBEDDED_SCHEME = "cleveragentsfs"
-#: The embedded broker's kombu transport, named by its class path.
-EMBEDDED_TRANSPORT = "cleveragents.broker.embedded.transport:Transport"
 #: The Redis broker's kombu transport (recovery bounded by liveness), by class path.
 REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
+#: The same on a Unix socket: the embedded default's server.
+SOCKET_TRANSPORT = "cleveragents.broker.redis.transport:SocketTransport"
 #: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.
 REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
+#: URL schemes of kombu's Redis transport.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "socket://")
 #: Under kombu's own Redis transport, how far past a live worker's longest hold of a
 #: message the visibility timeout is set (and what covers a chunk's pacing, under 1 s).
 STOCK_VISIBILITY_MARGIN_S = 300.0
@@ -65,35 +68,47 @@ def celery_settings(settings: Settings, *, producer: bool = False) -> dict[str, 
 
     ``producer``: for a ``SkillClient``'s app, which only publishes and reads results.
     """
-    transport = _embedded(settings) if settings.embedded else _server(settings, producer)
+    embedded = settings.embedded
+    transport = _embedded(settings, producer) if embedded else _server(settings, producer)
     return {**_common(settings), **transport}
 
 
-def _embedded(settings: Settings) -> dict[str, Any]:
-    folders = EmbeddedFolders.under(settings.home)
+def _embedded(settings: Settings, producer: bool) -> dict[str, Any]:
+    # The home's private server (cleveragents/embedded/server.py), on its Unix socket:
+    # the fleet's own settings, transport and stores, with the socket for a host.
+    urls = HomeUrls.of(settings.home)
+    own = consumer_transport(settings)
     return {
-        "broker_url": f"{EMBEDDED_SCHEME}://",
-        # kombu's filesystem transport with atomic writes (cleveragents/embedded/
-        # transport.py), given by class path: kombu's global table of transport
-        # aliases stays as kombu shipped it.
-        "broker_transport": EMBEDDED_TRANSPORT,
-        "result_backend": settings.result_backend or folders.results_url,
-        "broker_transport_options": {
-            # One folder in and out: producer and worker are on one machine.
-            "data_folder_in": str(folders.queue),
-            "data_folder_out": str(folders.queue),
-            "control_folder": str(folders.control),
-            # 50 ms instead of kombu's 1 s default: round trips of ~50 ms, not ~1 s.
-            "polling_interval": 0.05,
-        },
-        # The filesystem transport keeps an event file per event until a monitor
-        # reads it, and no Flower watches the embedded default: no events there.
-        "worker_send_task_events": False,
-        "task_send_sent_event": False,
-        # Broadcast (remote control, mingle, gossip) writes into the control folder
-        # of every worker for ever; the embedded default has one local worker.
-        "worker_enable_remote_control": False,
+        # kombu's URL for a socket, kept whole for our transport ("socket://"), or
+        # its own transport's form outside kombu's series (broker/internals.py).
+        "broker_url": urls.broker if own else urls.kombu_broker,
+        **({"broker_transport": own} if own else {}),
+        "result_backend": settings.result_backend or urls.backend,
+        **_redis(settings, producer),
+        # No TCP keepalive on a Unix socket (Celery would pass it to redis-py's socket
+        # connection, which refuses it).
+        "redis_socket_keepalive": False,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
     }
+
+
+def uses_redis(settings: Settings) -> bool:
+    """True when the broker is a Redis (the embedded default's server is one)."""
+    return settings.embedded or (settings.broker_url or "").startswith(REDIS_SCHEMES)
+
+
+def needs_server(settings: Settings) -> bool:
+    """True when the settings use the home's embedded server: no broker configured, or
+    another broker than Redis (RabbitMQ) and no result backend (one machine)."""
+    return settings.embedded or (settings.result_backend is None and not uses_redis(settings))
+
+
+def redis_url(settings: Settings) -> str | None:
+    """The broker's Redis as redis-py names it (None: the broker is not a Redis)."""
+    if settings.embedded:
+        return HomeUrls.of(settings.home).client
+    return settings.broker_url if uses_redis(settings) else None
 
 
 def _known_schemes(settings: Settings) -> None:
@@ -129,10 +144,10 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
 
 def _default_backend(settings: Settings) -> str:
     # Results go to the broker's Redis; with another broker (RabbitMQ) and no backend
-    # configured, to the embedded on-disk store (one machine), as SPEC section 7 says.
+    # configured, to the home's embedded server (one machine), as SPEC section 7 says.
     if uses_redis(settings):
         return settings.broker_url or ""
-    return EmbeddedFolders.under(settings.home).results_url
+    return HomeUrls.of(settings.home).backend
 
 
 def _amqp(settings: Settings) -> dict[str, Any]:
@@ -171,7 +186,7 @@ def consumer_transport(settings: Settings) -> str | None:
     """
     if broker_of(settings) != "redis" or not fits("redis-transport"):
         return None  # outside its kombu series: kombu's own (broker/internals.py)
-    return REDIS_TRANSPORT
+    return SOCKET_TRANSPORT if settings.embedded else REDIS_TRANSPORT
 
 
 def longest_hold_s(settings: Settings) -> float:
@@ -215,10 +230,10 @@ def fallback_facts(settings: Settings) -> dict[str, str]:
     return {"visibility_timeout": f"the visibility timeout in force is {in_force:.0f} s{why}"}
 
 
-def broker_of(settings: Settings) -> Literal["redis", "embedded", "other"]:
-    """Which broker the settings name: the embedded default, a Redis, or another."""
+def broker_of(settings: Settings) -> Literal["redis", "other"]:
+    """Which broker the settings name: a Redis (the embedded default's too), or another."""
     if settings.embedded:
-        return "embedded"
+        return "redis"
     scheme = (settings.broker_url or "").partition("://")[0].lower()
     return "redis" if scheme in REDIS_TRANSPORT_SCHEMES else "other"
 

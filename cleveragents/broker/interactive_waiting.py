@@ -3,8 +3,8 @@
 A chunk of quick tools that ends its slice only goes back to its queue when
 something else waits for the process (``cleveragents.pipeline.execute_chunk``,
 ``others_waiting``). What waits is counted where it waits, without taking it: on
-Redis one pipeline of ``LLEN`` over the interactive queues this worker consumes,
-on the embedded broker the queue folder. There a worker whose processes are all
+Redis (the embedded default's server too) one pipeline of ``LLEN`` over the
+interactive queues this worker consumes. There a worker whose processes are all
 busy holds no message it does not run (its prefetch is its concurrency), so an
 interactive invocation that waits for this process is in its queue.
 
@@ -47,7 +47,7 @@ def _count(connection: Any, queues: list[str]) -> int:
                 for priority in steps:
                     pipe.llen(channel._q_for_pri(queue, priority))
             return sum(int(size) for size in pipe.execute())
-    # kombu's other virtual transports (the embedded broker): the messages queued.
+    # kombu's other virtual transports: the messages queued.
     return sum(_ready(connection, queue) for queue in queues)
 
 

@@ -72,8 +72,8 @@ class Part:
     consequence: str
     #: Who checks it: a worker, a producer (``SkillClient``), or both.
     checked_by: frozenset[str] = frozenset({"worker"})
-    #: The broker it serves: every one, or only a Redis or the embedded one.
-    broker: Literal["any", "redis", "embedded"] = "any"
+    #: The broker it serves: every one, or only a Redis (the embedded default's too).
+    broker: Literal["any", "redis"] = "any"
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,6 @@ class Internal:
 _REDIS_TRANSPORT = "cleveragents.broker.redis.transport"
 _K_REDIS = "kombu.transport.redis"
 _K_REDIS_SRC = f"{KOMBU_SRC}/transport/redis.py"
-_K_FS = "kombu.transport.filesystem"
-_K_FS_SRC = f"{KOMBU_SRC}/transport/filesystem.py"
 
 #: Parts no start-up check reads: each patch checks itself as it is applied.
 _APPLIED: frozenset[str] = frozenset()
@@ -163,15 +161,6 @@ PARTS: dict[str, Part] = {
             "each successful invocation's return value is written out by Celery's "
             "slower saferepr (about 90 us of the pool's CPU each)",
             _APPLIED,
-        ),
-        Part(
-            "embedded-transport",
-            "kombu",
-            "5.7",
-            "refuse",
-            "the embedded broker's messages could be read half-written or lost in flight",
-            frozenset({"worker", "producer"}),
-            "embedded",
         ),
         Part(
             "result-backend",
@@ -280,16 +269,7 @@ INTERNALS: tuple[Internal, ...] = (
         _K_REDIS_SRC,
         (f"{_K_REDIS}:Channel._connparams", "patch"),
     ),
-    # kombu's filesystem transport, made whole-write and loss-free (the embedded default).
-    *_uses(
-        "embedded-transport",
-        "cleveragents.broker.embedded.transport",
-        f"{KOMBU_SRC}/transport/filesystem.py",
-        ("kombu.transport.filesystem:Channel._put", "override"),
-        ("kombu.transport.filesystem:Channel._get", "override"),
-        ("kombu.transport.filesystem:Channel._restore", "override"),
-    ),
-    # Celery's result backends: one round trip a state, never over a success; whole files.
+    # Celery's Redis result backend: one round trip a state, never over a success.
     *_uses(
         "result-backend",
         "cleveragents.broker.redis.result_backend",
@@ -298,12 +278,6 @@ INTERNALS: tuple[Internal, ...] = (
         ("celery.backends.redis:RedisBackend._get_result_meta", "read"),
         ("celery.backends.redis:RedisBackend.ensure", "override"),
         ("celery.backends.redis:RedisBackend.on_connection_error", "override"),
-    ),
-    *_uses(
-        "result-backend",
-        "cleveragents.broker.embedded.result_backend",
-        f"{CELERY_SRC}/backends/filesystem.py",
-        ("celery.backends.filesystem:FilesystemBackend._filename", "override"),
     ),
     # The consumer: its steps by name (remote control guarded) and its message handling.
     *_uses(
@@ -429,7 +403,7 @@ def _line(part: Part) -> str:
 
 def check(
     role: Literal["worker", "producer"],
-    broker: Literal["redis", "embedded", "other"],
+    broker: Literal["redis", "other"],
     facts: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Compare the installed versions with the table, for a worker or a producer.

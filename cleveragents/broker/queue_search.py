@@ -5,23 +5,20 @@ waiting from one that was never sent. The CLI, batches and a request id chosen
 by the caller bind the id before sending (``cleveragents.pipeline.binding``), but a
 ``SkillClient`` submission with a fresh id is known only to the broker until a
 worker takes it. So the waiting messages are read, never taken: Redis lists and
-kombu's ``unacked`` hashes, or the embedded broker's queue and in-flight folders.
+kombu's ``unacked`` hashes (the embedded default's server is a Redis too).
 RabbitMQ cannot be read without taking messages: there the answer is "cannot tell".
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 from kombu.transport import redis as kombu_redis
 
+from cleveragents.broker.celery_settings import redis_url
 from cleveragents.broker.internals import fits
 from cleveragents.broker.redis.liveness import RecoveryKeys
 from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
-from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
-from cleveragents.embedded.inflight import inflight_folder
 from cleveragents.settings import Settings
 
 __all__ = ["SEARCHED_AT_MOST", "is_waiting"]
@@ -43,10 +40,9 @@ def is_waiting(settings: Settings, request_id: str) -> bool | None:
     but batch ids are bound before they are sent, so they never need this search.
     """
     needle = request_id.encode()
-    if settings.embedded:
-        return any(needle in raw for raw in _embedded_messages(settings))
-    if uses_redis(settings) and fits("queue-search"):  # kombu's unacked hash, as 5.7 keeps it
-        return any(needle in raw for raw in _redis_messages(settings.broker_url or ""))
+    url = redis_url(settings)
+    if url is not None and fits("queue-search"):  # kombu's unacked hash, as 5.7 keeps it
+        return any(needle in raw for raw in _redis_messages(url))
     return None
 
 
@@ -70,21 +66,3 @@ def _redis_messages(url: str) -> Iterator[bytes]:
 
 def _raw(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
-
-
-def _embedded_messages(settings: Settings) -> Iterator[bytes]:
-    queue = EmbeddedFolders.under(settings.home).queue
-    folders = [queue]
-    held = inflight_folder(queue)
-    if held.is_dir():
-        folders += [entry for entry in held.iterdir() if entry.is_dir()]
-    for folder in folders:
-        try:
-            names = [n for n in os.listdir(folder) if n.endswith(".msg")][:SEARCHED_AT_MOST]
-        except FileNotFoundError:
-            continue
-        for name in names:
-            try:
-                yield Path(folder, name).read_bytes()
-            except FileNotFoundError:  # taken or acknowledged meanwhile
-                continue

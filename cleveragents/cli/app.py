@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except CleverAgentsError as exc:
         click.echo(f"error: {exc}", err=True)
-        return 2
+        code = getattr(exc, "exit_code", 2)  # bad input 2; a server that cannot run 1
+        return code if isinstance(code, int) else 2
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130

@@ -7,9 +7,12 @@ from typing import Any
 import click
 import redis
 
+from cleveragents.broker.celery_settings import needs_server
 from cleveragents.broker.rabbitmq import RabbitQueues, uses_amqp
 from cleveragents.cli.render import CliFailure
 from cleveragents.constants import QUEUE_DEAD
+from cleveragents.embedded.server import join_server
+from cleveragents.embedded.urls import HomeUrls
 from cleveragents.metrics.exporter import QUEUES, QueueGauges, metrics_app, render, serve
 from cleveragents.settings import Settings
 
@@ -18,6 +21,9 @@ __all__ = ["metrics"]
 
 def _redis(settings: Settings) -> Any:
     url = settings.result_backend or settings.broker_url
+    if needs_server(settings):  # the embedded default's server, for as long as this runs
+        join_server(settings.home)
+        url = HomeUrls.of(settings.home).client
     if not url or not url.startswith(("redis://", "rediss://", "unix://")):
         raise CliFailure(
             "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL (or, with "

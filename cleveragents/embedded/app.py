@@ -18,14 +18,15 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready
+from redis import RedisError
 
-from cleveragents.embedded.folders import EmbeddedFolders
-from cleveragents.embedded.inflight import held_by
-from cleveragents.embedded.runner import LOCAL_WORKER_ENV
+from cleveragents.broker.redis.liveness import holds_messages
+from cleveragents.embedded.runner import LOCAL_WORKER_ENV, home_client
 from cleveragents.embedded.share import HomeShare
 from cleveragents.settings import Settings
 
@@ -36,7 +37,7 @@ __all__: list[str] = []
 WATCH_S = 1.0
 
 
-def _orphaned(share: HomeShare, queue_folder: str, pid: int) -> bool:
+def _orphaned(share: HomeShare, home: Path, pid: int) -> bool:
     with share.open_users() as users:
         try:
             fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,17 +46,22 @@ def _orphaned(share: HomeShare, queue_folder: str, pid: int) -> bool:
         # Nobody uses it: forget it (a command that comes now starts a fresh one), then
         # end at once if it holds nothing, or by a warm shutdown that gives back the rest.
         share.clear(pid)
-        if not held_by(queue_folder, pid):
+        client = home_client(home)
+        try:
+            idle = not holds_messages(client, pid)
+        finally:
+            client.close()
+        if idle:
             os.killpg(pid, signal.SIGKILL)
         os.kill(pid, signal.SIGTERM)
         return True
 
 
-def _watch(share: HomeShare, queue_folder: str, pid: int) -> None:
+def _watch(share: HomeShare, home: Path, pid: int) -> None:
     while True:
         time.sleep(WATCH_S)
-        with contextlib.suppress(OSError):
-            if _orphaned(share, queue_folder, pid):
+        with contextlib.suppress(OSError, RedisError):
+            if _orphaned(share, home, pid):
                 return
 
 
@@ -65,7 +71,7 @@ def _start_watch(**_: Any) -> None:
     if os.environ.get(LOCAL_WORKER_ENV) != "1" or os.getpgid(0) != pid:
         return
     home = Settings.from_env().home
-    args = (HomeShare(home), str(EmbeddedFolders.under(home).queue), pid)
+    args = (HomeShare(home), home, pid)
     threading.Thread(target=_watch, args=args, name="users-watch", daemon=True).start()
 
 

@@ -1,11 +1,11 @@
 """An embedded home only its user can read: the home checked, folders 0700, files 0600.
 
-The queued messages hold every invocation's arguments and the result files every
-output, so the home is closed to other users, whatever the umask:
+The home's server keeps every invocation's arguments and every output on disk (its
+append-only file), so the home is closed to other users, whatever the umask:
 
 * a home owned by another user is refused (its owner could read, change or plant
   anything in it), and so is one its group or others may write to (they may have
-  planted messages or a worker record already): one line naming the fix;
+  planted a socket, a server record or a worker record already): one line naming the fix;
 * a home of this user that others may only read (made before homes were
   private: 0755) is tightened to 0700 in place; nobody else could have written
   to it, and closing it takes nothing from its user;
@@ -26,7 +26,7 @@ __all__ = ["FILE_MODE", "FOLDER_MODE", "private_folder", "private_home", "privat
 
 #: The mode of every folder of an embedded home, the home included.
 FOLDER_MODE = 0o700
-#: The mode of every file of an embedded home (messages, results, records, logs, locks).
+#: The mode of every file of an embedded home (records, logs, locks; the server's own).
 FILE_MODE = 0o600
 
 

@@ -24,12 +24,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from cleveragents.embedded.folders import EmbeddedFolders
-from cleveragents.embedded.inflight import held_by, restore_orphans
+import redis
+
+from cleveragents.broker.redis.liveness import holds_messages
 from cleveragents.embedded.private import FOLDER_MODE, private_folder, private_home, private_opener
+from cleveragents.embedded.server import join_server, leave_server
 from cleveragents.embedded.share import (
     LOCAL_APP,
     HomeShare,
@@ -40,6 +43,7 @@ from cleveragents.embedded.share import (
     leave_last,
     process_started,
 )
+from cleveragents.embedded.urls import HomeUrls
 from cleveragents.errors import ConfigurationError
 from cleveragents.settings import Settings
 
@@ -83,8 +87,9 @@ def local_worker_running(settings: Settings) -> bool:
     return record is not None and record.alive() and share.is_local_worker(record)
 
 
-def _queue_folder(settings: Settings) -> str:
-    return str(EmbeddedFolders.under(settings.home).queue)
+def home_client(home: Path) -> redis.Redis:
+    """A client of the home's server (which the caller has joined)."""
+    return redis.Redis.from_url(HomeUrls.of(home).client, socket_timeout=30)
 
 
 def _wait_until(done: Callable[[], bool], timeout: float) -> bool:
@@ -105,7 +110,7 @@ def _not_ours(share: HomeShare, record: WorkerRecord, then: str) -> None:
     )
 
 
-def stop_worker(share: HomeShare, queue_folder: str) -> None:
+def stop_worker(share: HomeShare, client: redis.Redis) -> None:
     """Stop the recorded worker of a home (the caller holds the users lock exclusively).
 
     Only this home's local worker is signalled (``HomeShare.is_local_worker``):
@@ -113,7 +118,7 @@ def stop_worker(share: HomeShare, queue_folder: str) -> None:
     """
     record = share.read()
     if record is not None and share.is_local_worker(record):
-        if not _wait_until(lambda: not held_by(queue_folder, record.pid), ACK_GRACE_S):
+        if not _wait_until(lambda: not holds_messages(client, record.pid), ACK_GRACE_S):
             # It runs or has reserved messages nobody waits for (a submit without
             # --wait): a warm shutdown lets running tools finish, reserved ones go back.
             with contextlib.suppress(ProcessLookupError):
@@ -125,14 +130,11 @@ def stop_worker(share: HomeShare, queue_folder: str) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGKILL)
         _wait_until(lambda: not group_alive(record.pid), KILL_WAIT_S)
-        # A killed process gives up its memory before its files: its in-flight lock can
-        # outlive it briefly, and a message behind a lock still held is not given back.
-        _wait_until(lambda: not held_by(queue_folder, record.pid), KILL_WAIT_S)
     elif record is not None and record.alive():
         _not_ours(share, record, "left alone")
     share.clear()
-    # A message it fetched after the check, or held past the warm shutdown: back in the queue.
-    restore_orphans(queue_folder)
+    # A message it fetched after the check, or held past the warm shutdown, goes back to
+    # its queue once its holder's heartbeat has expired (the next worker's reaper).
 
 
 class LocalWorker:
@@ -151,12 +153,15 @@ class LocalWorker:
         self.stopped_worker = False
         #: True when this command started the worker (others joined one running).
         self.spawned = False
+        self._joined = False
 
     def start(self) -> LocalWorker:
         """Join the home's local worker, starting it if none runs; return once it consumes."""
         if self._users is not None:
             return self
         private_home(self.settings.home)  # this user's alone, or refused before any write
+        join_server(self.settings.home)  # kept while this command uses the worker
+        self._joined = True
         users = self.share.open_users()
         self._users = users
         try:
@@ -177,12 +182,18 @@ class LocalWorker:
         """Leave the worker; the last command to leave stops it."""
         users, self._users = self._users, None
         self.pid = None
-        if users is None:
-            return
-        with users:  # closing the file drops whatever lock is left
-            if leave_last(users):
-                stop_worker(self.share, _queue_folder(self.settings))
-                self.stopped_worker = True
+        if users is not None:
+            with users:  # closing the file drops whatever lock is left
+                if leave_last(users):
+                    client = home_client(self.settings.home)
+                    try:
+                        stop_worker(self.share, client)
+                    finally:
+                        client.close()
+                    self.stopped_worker = True
+        if self._joined:
+            self._joined = False
+            leave_server(self.settings.home)
 
     def _recorded(self) -> WorkerRecord | None:
         """The home's running local worker, if the record names one."""

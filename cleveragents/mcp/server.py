@@ -305,7 +305,7 @@ class FleetTools:
             return
         if not self.client.revoke(request_id, terminate=not route.write_capable):
             log.warning(
-                "cancelled %s (%s): the embedded default cannot revoke it; it runs to its end "
+                "cancelled %s (%s): its store cannot revoke it; it runs to its end "
                 "and its result is kept (`cleveragents result %s`)",
                 request_id, route.name, request_id,
             )

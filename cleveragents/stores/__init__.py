@@ -1,14 +1,14 @@
 """The state kept beside the queue, one seam per kind: choose once, never ask again.
 
-Four kinds of state, each a protocol (``base.py``) with a Redis, a file (the
-embedded default) and an in-memory implementation:
+Four kinds of state, each a protocol (``base.py``) with a Redis implementation
+(the fleet's, and the embedded default's on its private server) and an in-memory
+double for tests:
 
 * ``GuardStore``: attempt counters, write claims and dead letters of the
   at-most-once guard, and whether the broker marks redeliveries;
 * ``ResultStore``: finished ``SkillResult``s in Celery's own meta format;
 * ``BatchLedger``: the ordered request ids of background batches;
-* ``MetricStore``: invocation counters (the embedded default drops them, the
-  in-memory store keeps them).
+* ``MetricStore``: invocation counters.
 
 ``open_stores(settings, backend)`` picks the implementations once, from Celery's
 result backend; ``Stores.in_memory()`` gives the doubles for tests.
@@ -26,12 +26,6 @@ from cleveragents.stores.base import (
     StartedMark,
 )
 from cleveragents.stores.factory import Stores, open_stores
-from cleveragents.stores.files import (
-    FileBatchLedger,
-    FileGuardStore,
-    FileResultStore,
-    NullMetricStore,
-)
 from cleveragents.stores.memory import (
     MemoryBatchLedger,
     MemoryGuardStore,
@@ -48,9 +42,6 @@ from cleveragents.stores.redis import (
 __all__ = [
     "BatchLedger",
     "Claim",
-    "FileBatchLedger",
-    "FileGuardStore",
-    "FileResultStore",
     "GuardStore",
     "MemoryBatchLedger",
     "MemoryGuardStore",
@@ -58,7 +49,6 @@ __all__ = [
     "MemoryResultStore",
     "MetricCounts",
     "MetricStore",
-    "NullMetricStore",
     "RedisBatchLedger",
     "RedisGuardStore",
     "RedisMetricStore",

@@ -7,20 +7,13 @@ the CLI's). The Redis store (``approvals_redis.py``) keeps them in two scripts.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Protocol
 
 from cleveragents.approvals.model import WAITING, Decision, Parked, Resolution, decide, resolve
-from cleveragents.stores.files import file_name
 
-__all__ = ["ApprovalStore", "FileApprovalStore", "MemoryApprovalStore"]
+__all__ = ["ApprovalStore", "MemoryApprovalStore"]
 
 
 class ApprovalStore(Protocol):
@@ -111,62 +104,6 @@ class MemoryApprovalStore(_Local):
 
     def _ids(self) -> list[str]:
         return list(self._records)
-
-
-class FileApprovalStore(_Local):
-    """Approvals as one JSON file each under ``folder``, private to the home's user."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    def _path(self, request_id: str) -> Path:
-        # A request id is a producer's text: named one to one, so that no two ids share
-        # a file (a record must never stand for another id's).
-        return self.folder / f"{file_name(request_id)}.json"
-
-    def _load(self, request_id: str) -> tuple[Parked | None, Decision | None]:
-        try:
-            fields = json.loads(self._path(request_id).read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
-            return None, None
-        if fields.get("request_id") != request_id:
-            return None, None
-        decision = _decision(fields.pop("decision", None))
-        return _parked(fields), decision
-
-    def _save(self, request_id: str, record: Parked | None, decision: Decision | None) -> None:
-        assert record is not None
-        fields = {
-            **json.loads(record.encode()),
-            "asked_at": record.asked_at,
-            "expires_at": record.expires_at,
-            "state": record.state,
-            "decision": json.loads(decision.encode()) if decision is not None else None,
-        }
-        path = self._path(request_id)
-        beside = path.with_name(path.name + ".tmp")
-        beside.write_text(json.dumps(fields), encoding="utf-8")
-        beside.chmod(0o600)
-        beside.replace(path)
-
-    def _ids(self) -> list[str]:
-        ids = []
-        for path in self.folder.glob("*.json"):
-            try:
-                ids.append(str(json.loads(path.read_text(encoding="utf-8"))["request_id"]))
-            except (OSError, ValueError, KeyError):
-                continue
-        return ids
 
 
 def _parked(fields: dict[str, Any]) -> Parked:

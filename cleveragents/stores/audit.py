@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
-import json
-import os
 import threading
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any, Protocol
 
 from cleveragents.constants import AUDIT_KEY, READ_ONLY_AUDIT_KEY
@@ -33,7 +30,6 @@ from cleveragents.stores.redis_retry import retrying
 __all__ = [
     "EVENTS",
     "AuditLog",
-    "FileAuditLog",
     "MemoryAuditLog",
     "RedisAuditLog",
     "SealedAuditLog",
@@ -193,52 +189,6 @@ class RedisAuditLog:
             if len(page) < _PAGE:
                 return
             start = "(" + _text(page[-1][0])
-
-
-class FileAuditLog:
-    """The trail as a JSONL file, appended one whole line at a time (``O_APPEND``)."""
-
-    def __init__(self, path: Path, maxlen: int) -> None:
-        self.path = path
-        #: Past about this many bytes (``maxlen`` events), the file is kept as ``.1``
-        #: and a new one begun: two files at most.
-        self.max_bytes = maxlen * 300
-
-    def append(self, events: list[dict[str, str]]) -> None:
-        if not events:
-            return
-        text = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in events)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, text.encode())
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        if size > self.max_bytes:
-            self.path.replace(self.path.with_suffix(".1.jsonl"))
-
-    def capped(self) -> bool:
-        return self.path.with_suffix(".1.jsonl").exists()
-
-    def streams(self) -> list[Stream]:
-        return [(self.read(), self.capped())]
-
-    def read(
-        self, *, request_id: str | None = None, since: dt.datetime | None = None
-    ) -> Iterator[dict[str, str]]:
-        for path in (self.path.with_suffix(".1.jsonl"), self.path):
-            try:
-                lines = path.read_text(encoding="utf-8").splitlines()
-            except FileNotFoundError:
-                continue
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:  # a line cut by a crash: the others stand
-                    continue
-                if _wanted(record, request_id, since):
-                    yield record
 
 
 class MemoryAuditLog:

@@ -225,7 +225,7 @@ class GuardStore(Protocol):
 
     def cancel(self, request_id: str) -> bool:
         """Mark ``request_id`` cancelled, for a worker to find before its run starts;
-        False where this store cannot (the embedded default's)."""
+        False where this store cannot (the in-memory double's)."""
         ...
 
 

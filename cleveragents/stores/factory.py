@@ -1,4 +1,4 @@
-"""The one place that chooses the stores: Redis beside a Redis result backend, else files."""
+"""The one place that opens the stores: Redis, beside the Redis result backend."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 import redis
 
 from cleveragents.constants import AUDIT_KEY, READ_ONLY_AUDIT_KEY
+from cleveragents.errors import ConfigurationError
 from cleveragents.settings import Settings
-from cleveragents.stores.approvals import ApprovalStore, FileApprovalStore, MemoryApprovalStore
+from cleveragents.stores.approvals import ApprovalStore, MemoryApprovalStore
 from cleveragents.stores.approvals_redis import (
     FLEETS,
     READ_ONLY_FLEET,
@@ -19,19 +20,12 @@ from cleveragents.stores.approvals_redis import (
 )
 from cleveragents.stores.audit import (
     AuditLog,
-    FileAuditLog,
     MemoryAuditLog,
     RedisAuditLog,
     SealedAuditLog,
 )
 from cleveragents.stores.audit_chain import AuditSealer
 from cleveragents.stores.base import BatchLedger, GuardStore, MetricStore, ResultStore
-from cleveragents.stores.files import (
-    FileBatchLedger,
-    FileGuardStore,
-    FileResultStore,
-    NullMetricStore,
-)
 from cleveragents.stores.memory import (
     MemoryBatchLedger,
     MemoryGuardStore,
@@ -47,8 +41,8 @@ from cleveragents.stores.redis import (
 
 __all__ = ["Stores", "audit_secret", "open_stores"]
 
-#: Broker URL schemes whose kombu transport marks a redelivered message (Redis, AMQP).
-#: Elsewhere (the embedded file transport) the guard counts every delivery instead.
+#: Broker URL schemes whose kombu transport marks a redelivered message (Redis, AMQP;
+#: the embedded default's server is a Redis). Elsewhere the guard counts every delivery.
 MARKING_SCHEMES = frozenset({"redis", "rediss", "unix", "sentinel", "amqp", "amqps", "pyamqp"})
 
 
@@ -80,35 +74,30 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
     """The stores beside Celery's result ``backend`` (``worker``: a worker's, which may
     run scripts: many ids bound at once, a first delivery's binding with its ``STARTED``).
 
-    With the Redis result backend: keys in that Redis, through the backend's own
-    client (one connection pool). With any other (the embedded default's file
-    store): files under ``settings.home``, and results in the backend itself.
-    Whether redeliveries are marked is the broker's to say (``MARKING_SCHEMES``).
+    Keys in the result backend's Redis (the embedded default's server is one), through
+    the backend's own client: one connection pool.
+
+    Raises:
+        ConfigurationError: the result backend is not a Redis.
     """
     client = getattr(backend, "client", None)
-    expires = int(getattr(backend, "expires", 0) or 0) or None
-    marks = (settings.broker_url or "").partition("://")[0].lower() in MARKING_SCHEMES
-    if isinstance(client, redis.Redis):
-        return Stores(
-            guard=RedisGuardStore(
-                client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker
-            ),
-            results=RedisResultStore(client, backend.get_key_for_task, expires),
-            ledger=RedisBatchLedger(client, expires),
-            metrics=RedisMetricStore(client),
-            approvals=RedisApprovalStore(
-                client, settings.result_expires_s, _fleets(settings, worker)
-            ),
-            audit=_sealed(settings, worker, RedisAuditLog(client, *_streams(settings, worker))),
+    if not isinstance(client, redis.Redis):
+        raise ConfigurationError(
+            "CLEVERAGENTS_RESULT_BACKEND must be a Redis (redis://, rediss:// or unix://): "
+            "the guard, batches, approvals and the audit trail are kept beside the results"
         )
-    home = settings.home.resolve()
+    expires = int(getattr(backend, "expires", 0) or 0) or None
+    scheme = (settings.broker_url or "").partition("://")[0].lower()
+    marks = settings.embedded or scheme in MARKING_SCHEMES
     return Stores(
-        guard=FileGuardStore(home / "guard", marks_redeliveries=marks),
-        results=FileResultStore(backend),
-        ledger=FileBatchLedger(home / "batches"),
-        metrics=NullMetricStore(),
-        approvals=FileApprovalStore(home / "approvals"),
-        audit=_sealed(settings, worker, FileAuditLog(home / "audit.jsonl", settings.audit_maxlen)),
+        guard=RedisGuardStore(
+            client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker
+        ),
+        results=RedisResultStore(client, backend.get_key_for_task, expires),
+        ledger=RedisBatchLedger(client, expires),
+        metrics=RedisMetricStore(client),
+        approvals=RedisApprovalStore(client, settings.result_expires_s, _fleets(settings, worker)),
+        audit=_sealed(settings, worker, RedisAuditLog(client, *_streams(settings, worker))),
     )
 
 

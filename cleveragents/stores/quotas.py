@@ -1,4 +1,4 @@
-"""Where a tool's fleet-wide limits are kept: the gates (Redis, or a file on the embedded default).
+"""Where a tool's fleet-wide limits are kept: the gate, in Redis (the embedded default's too).
 
 The policy (which limits a delivery takes, and in what order) is ``pipeline/quotas.py``.
 
@@ -17,23 +17,15 @@ one window (a sliding log, as the ``limits`` package's moving window keeps it).
 
 Over its limit, an invocation does not wait in its pool process: the task sends it
 back to the broker with the wait the script computed (``tasks/invoke.py``), and the
-process takes the next message. On the embedded default the same state is a file
-under the home, taken under an exclusive lock, which holds across its processes.
+process takes the next message.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import secrets
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Protocol
 
 from cleveragents.constants import LIMIT_KEY_PREFIX
@@ -41,7 +33,7 @@ from cleveragents.skills.policies import Limits
 from cleveragents.stores.redis_retry import retrying
 from cleveragents.stores.resp import Arg, Script
 
-__all__ = ["FileLimitGate", "LimitGate", "Permit", "RedisLimitGate", "kept_for"]
+__all__ = ["LimitGate", "Permit", "RedisLimitGate", "kept_for"]
 
 #: The shortest and longest wait of an invocation refused for want of a concurrency
 #: slot: a slot frees when a run ends, which nothing announces.
@@ -208,66 +200,3 @@ class RedisLimitGate:
     @cached_property
     def _renew(self) -> Script:
         return Script(self.client, _RENEW_LUA)
-
-
-class FileLimitGate:
-    """Limits of the embedded default: one JSON file per key under an exclusive lock.
-
-    A slot is held by a process: it lapses when that process is gone (checked by
-    PID), so no lease is needed on one machine.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    @contextmanager
-    def _state(self, key: str) -> Iterator[dict[str, Any]]:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        name = key.replace("%", "%25").replace("/", "%2F").replace("|", "%7C")
-        path = self.folder / f"{name}.json"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "r+", encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            text = handle.read()
-            state: dict[str, Any] = json.loads(text) if text else {}
-            yield state
-            handle.seek(0)
-            handle.truncate()
-            handle.write(json.dumps(state))
-
-    def take(self, key: str, limits: Limits) -> float | Permit:
-        """Both places taken under the file's lock, or the wait before the next try."""
-        now = time.time()
-        starts, window_s = limits.per_window or (0, 0.0)
-        window_s = kept_for(window_s)
-        token = f"{os.getpid()}:{secrets.token_hex(8)}"
-        with self._state(key) as state:
-            running = {t: pid for t, pid in state.get("running", {}).items() if _alive(pid)}
-            log = [t for t in state.get("starts", []) if t > now - window_s]
-            wait = 0.0
-            if limits.concurrency is not None and len(running) >= limits.concurrency:
-                wait = MAX_SLOT_WAIT_S / 4
-            if starts and len(log) >= starts:
-                wait = max(wait, min(log) + window_s - now)
-            if wait <= 0:
-                if limits.concurrency is not None:
-                    running[token] = os.getpid()
-                if starts:
-                    log.append(now)
-            state["running"], state["starts"] = running, log
-        if wait > 0:
-            return max(MIN_WAIT_S, wait)
-        return Permit(self, key, token, holds_slot=limits.concurrency is not None)
-
-    def release(self, key: str, token: str) -> None:
-        """Remove the token from the running slots."""
-        with self._state(key) as state:
-            state.get("running", {}).pop(token, None)
-
-
-def _alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError, TypeError):
-        return False
-    return True

@@ -28,9 +28,14 @@ from celery.signals import (
 
 from cleveragents.approvals.webhook import check_webhook_url
 from cleveragents.broker import internals, patches
-from cleveragents.broker.celery_settings import broker_of, consumer_transport, fallback_facts
+from cleveragents.broker.celery_settings import (
+    broker_of,
+    consumer_transport,
+    fallback_facts,
+    needs_server,
+)
 from cleveragents.broker.redis.result_backend import worker_result_backend
-from cleveragents.embedded.folders import create_folders
+from cleveragents.embedded.server import join_server
 from cleveragents.errors import ConfigurationError
 from cleveragents.logs import JsonFormatter
 from cleveragents.runtime.confined import tool_user_for
@@ -74,7 +79,8 @@ def _start_worker(sender: Any = None, **_: Any) -> None:
         # processes of this user (a command tool); pool processes inherit it.
         _start_notes.append(make_undumpable())
         _start_notes.extend(patches.apply_all())
-        create_folders(settings)  # the embedded broker's and the file result store's
+        if needs_server(settings):  # the home's embedded server, for the worker's life
+            join_server(settings.home)
         warning = command_tool.KIND.run_as(tool_user_for(settings.tool_user))
         if warning:
             _start_notes.append((logging.WARNING, warning))

@@ -26,7 +26,7 @@ from cleveragents.settings import Settings
 from cleveragents.skills import Catalogue
 from cleveragents.stores import RedisGuardStore, open_stores
 from cleveragents.stores.key_sweep import KeySweep
-from cleveragents.stores.quotas import FileLimitGate, LimitGate, RedisLimitGate
+from cleveragents.stores.quotas import LimitGate, RedisLimitGate
 from cleveragents.stores.redis_capacity import MemoryWatch
 from cleveragents.traces.switch import tracing_on
 from cleveragents.worker.approval_sweep import ApprovalSweep
@@ -167,12 +167,9 @@ def _store_awaiting(backend: Any, resolution: Resolution) -> None:
 
 
 def _limit_gate(stores: Any, settings: Settings) -> LimitGate:
-    """Where the fleet's limits are kept: beside the results on Redis, else in the home."""
-    guard = stores.guard
-    if isinstance(guard, RedisGuardStore):
-        prefix = READ_ONLY_LIMIT_KEY_PREFIX if settings.read_only else LIMIT_KEY_PREFIX
-        return RedisLimitGate(guard.client, settings.recovery_s, prefix)
-    return FileLimitGate(settings.home.resolve() / "limits")
+    """Where the fleet's limits are kept: beside the results, in Redis."""
+    prefix = READ_ONLY_LIMIT_KEY_PREFIX if settings.read_only else LIMIT_KEY_PREFIX
+    return RedisLimitGate(stores.guard.client, settings.recovery_s, prefix)
 
 
 def share_webhook_warning() -> None:

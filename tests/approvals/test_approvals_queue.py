@@ -21,10 +21,17 @@ import pytest
 from cleveragents.approvals.model import ApprovalError
 from cleveragents.client import SkillClient
 from cleveragents.constants import STATE_AWAITING_APPROVAL
+from tests.conftest import EVERY_BROKER, Broker, broker_for
 from tests.support.procs import REPO, wait_until
 from tests.support.worker_runs import WorkerScenario, clean_env, cli, run_keys, runs, wait_settled
 
 pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(params=EVERY_BROKER)
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Redis, RabbitMQ, and the embedded default (issue 44: the fleet's queue tests)."""
+    return broker_for(request, redis_url)
 
 SKILL, PAY, RECORD, PEEK = "test/approvals", "test/send-payment", "test/record", "test/peek"
 #: An argument value that must never reach the audit trail.

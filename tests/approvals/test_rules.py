@@ -18,7 +18,9 @@ from cleveragents.approvals.model import (
     Decision,
     Parked,
 )
-from cleveragents.stores.approvals import ApprovalStore, FileApprovalStore, MemoryApprovalStore
+from cleveragents.embedded.server import join_server, leave_server
+from cleveragents.embedded.urls import HomeUrls
+from cleveragents.stores.approvals import ApprovalStore, MemoryApprovalStore
 from cleveragents.stores.approvals_redis import RedisApprovalStore
 from tests.support.procs import wait_until
 
@@ -35,12 +37,16 @@ def _past(expires_at: float) -> None:
     wait_until(lambda: time.time() > expires_at + 0.01, 5, "the expiry", interval=0.01)
 
 
-@pytest.fixture(params=["memory", "file", "redis"])
+@pytest.fixture(params=["memory", "embedded", "redis"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ApprovalStore]:
     if request.param == "memory":
         yield MemoryApprovalStore()
-    elif request.param == "file":
-        yield FileApprovalStore(tmp_path / "approvals")
+    elif request.param == "embedded":  # the home's private server
+        join_server(tmp_path / "home")
+        client = redis.Redis.from_url(HomeUrls.of(tmp_path / "home").client)
+        yield RedisApprovalStore(client, keep_s=3600)
+        client.close()
+        leave_server(tmp_path / "home")
     else:
         url = request.getfixturevalue("redis_url")
         client = redis.Redis.from_url(url)

@@ -13,10 +13,16 @@ import redis
 from cleveragents.client import SkillClient
 from cleveragents.constants import MAX_CHUNK_ITEMS
 from cleveragents.skills import SkillErrorType, SkillResult
-from tests.conftest import Broker
+from tests.conftest import EVERY_BROKER, Broker, broker_for
 from tests.support.procs import Worker, wait_until
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(params=EVERY_BROKER)
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Redis, RabbitMQ, and the embedded default (issue 44: the fleet's queue tests)."""
+    return broker_for(request, redis_url)
 
 StartWorker = Callable[..., Worker]
 

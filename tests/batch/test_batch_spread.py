@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from cleveragents.client import SkillClient
-from cleveragents.constants import BATCH_HEADER
-from cleveragents.embedded.folders import EmbeddedFolders
+from cleveragents.constants import BATCH_HEADER, QUEUE_BATCH
+from cleveragents.embedded.runner import home_client
+from cleveragents.embedded.server import join_server, leave_server
 from cleveragents.embedded.withdraw import withdraw
 from cleveragents.messages import ChunkContext
 from cleveragents.pipeline.chunk import MAX_PIECES, PIECE_S, pieces
@@ -57,16 +58,21 @@ def test_the_rests_a_worker_sent_back_are_withdrawn_with_their_batch(tmp_path: P
     # Given, on the embedded default, a chunk the run sent, a rest the worker sent
     # back (a new id, the same batch), and another batch's chunk
     settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
-    queue = EmbeddedFolders.under(settings.home).queue
-    queue.mkdir(parents=True)
-    messages = {"sent": "b-1", "rest": "b-1", "other": "b-2"}
-    for message_id, batch_id in messages.items():
-        headers = {"id": message_id, BATCH_HEADER: {"id": batch_id, "items": [[1, 2]]}}
-        (queue / f"{message_id}.msg").write_text(json.dumps({"headers": headers}))
-    # When the run withdraws what it sent
-    assert withdraw(settings, ["sent"], batch_id="b-1") == 2
-    # Then its batch's messages are gone, the other batch's stay
-    assert sorted(p.name for p in queue.iterdir()) == ["other.msg"]
+    join_server(settings.home)
+    client = home_client(settings.home)
+    try:
+        messages = {"sent": "b-1", "rest": "b-1", "other": "b-2"}
+        for message_id, batch_id in messages.items():
+            headers = {"id": message_id, BATCH_HEADER: {"id": batch_id, "items": [[1, 2]]}}
+            client.lpush(QUEUE_BATCH, json.dumps({"headers": headers}))
+        # When the run withdraws what it sent
+        assert withdraw(settings, ["sent"], batch_id="b-1") == 2
+        # Then its batch's messages are gone, the other batch's stay
+        left = [json.loads(raw)["headers"]["id"] for raw in client.lrange(QUEUE_BATCH, 0, -1)]
+        assert left == ["other"]
+    finally:
+        client.close()
+        leave_server(settings.home)
 
 
 def read(log: Path, key: str) -> dict[str, Any]:

@@ -42,8 +42,6 @@ from tests.support.procs import EXAMPLE_SKILLS, FIXTURE_SKILLS, REPO, wait_until
 BUILDERS = (
     "cleveragents.broker.redis.transport",
     "cleveragents.broker.redis.result_backend",
-    "cleveragents.broker.embedded.transport",
-    "cleveragents.broker.embedded.result_backend",
     "cleveragents.worker.consumer",
     "cleveragents.tasks.task_request",
 )

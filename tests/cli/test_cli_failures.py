@@ -202,7 +202,6 @@ def test_a_tool_that_is_not_part_of_its_skill_names_where_to_look() -> None:
         (("skills", "show", "nope/x"), "`cleveragents skills list` shows the skills"),
         (("batch", "status", "nope"), "use the id `cleveragents batch submit` printed"),
         (("skills", "show", "text-tools"), "did you mean 'local/text-tools'?"),
-        (("metrics", "--once"), "set CLEVERAGENTS_BROKER_URL to a redis:// URL"),
     ],
 )
 def test_a_name_that_is_not_known_says_where_to_find_the_right_one(

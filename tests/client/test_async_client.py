@@ -253,12 +253,14 @@ def _embedded(tmp_path: Path) -> Settings:
     return Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
 
 
-def test_on_the_embedded_default_results_are_polled_on_the_loop(tmp_path: Path) -> None:
+def test_on_the_embedded_default_results_are_awaited_through_its_servers_pubsub(
+    tmp_path: Path,
+) -> None:
     settings = _embedded(tmp_path)
 
     async def scenario() -> list[Any]:
         async with AsyncSkillClient(settings=settings) as client:
-            assert client.results_by == "poll"
+            assert client.results_by == "pubsub"  # the home's server is a Redis
             handles = [
                 await client.submit("local/text-tools", "local/word-count", {"text": "a " * n})
                 for n in range(20)

@@ -5,6 +5,8 @@ local worker; each stopped (killed) its own worker as soon as its own result was
 in, losing whatever message of another command that worker had taken, and that
 command waited for ever. Now the commands on a home share one local worker, the
 last one out stops it, and a message a killed worker held goes back to the queue.
+Issue 44: the queue is the home's private server (``cleveragents.embedded.server``),
+stopped with the last process that uses it.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kombu import Connection
 
+from cleveragents.broker.redis.liveness import holds_messages
 from cleveragents.client import SkillClient
-from cleveragents.embedded.inflight import held_by, inflight_folder, restore_orphans
-from cleveragents.embedded.runner import LocalWorker
+from cleveragents.constants import QUEUE_BATCH, QUEUE_BATCH_WRITE, QUEUE_READ, QUEUE_WRITE
+from cleveragents.embedded.runner import LocalWorker, home_client
+from cleveragents.embedded.server import join_server, leave_server
 from cleveragents.embedded.share import HomeShare, join, leave_last
 from cleveragents.settings import Settings
 from tests.support.procs import REPO, wait_until
@@ -34,7 +37,6 @@ pytestmark = pytest.mark.timeout(150)
 
 #: Every command of the concurrency test must have returned within this many seconds.
 ALL_RETURN_WITHIN_S = 60.0
-TRANSPORT = "cleveragents.broker.embedded.transport:Transport"
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -94,12 +96,19 @@ def home_folder(tmp_path: Path) -> Iterator[Path]:
         os.kill(pid, signal.SIGKILL)
 
 
-def messages_left(queue: Path) -> list[str]:
-    """Message files (waiting, being written, or held in flight) under the broker folder."""
-    waiting = [p.name for p in queue.iterdir()] if queue.exists() else []
-    inflight = inflight_folder(queue)
-    held = [str(p) for p in inflight.rglob("*.msg")] if inflight.exists() else []
-    return waiting + held
+def messages_left(home: Path) -> dict[str, int]:
+    """The messages waiting in the home server's skill queues, or held unacknowledged
+    (the server started again from its append-only file if it was stopped)."""
+    join_server(home)
+    client = home_client(home)
+    try:
+        queues = (QUEUE_READ, QUEUE_WRITE, QUEUE_BATCH, QUEUE_BATCH_WRITE)
+        counts = {queue: int(client.llen(queue)) for queue in queues}
+        counts["unacked"] = int(client.hlen("unacked"))
+    finally:
+        client.close()
+        leave_server(home)
+    return {name: n for name, n in counts.items() if n}
 
 
 def finish_all(procs: dict[str, subprocess.Popen[str]], within: float) -> dict[str, float]:
@@ -168,9 +177,9 @@ def test_concurrent_submits_and_batches_on_one_home_each_return_their_own_result
         assert [r["request_id"] for r in results] == [f"{name}-{i}" for i in range(20)]
         assert [r["output_data"] for r in results] == [{"words": i + 1} for i in range(20)]
 
-    # And nothing is left behind: no worker process, no message, no chunk remainder
-    wait_until(lambda: not processes_using(home_folder), 5, "the local worker to stop")
-    assert messages_left(home_folder / ".cleveragents" / "broker" / "queue") == []
+    # And nothing is left behind: no worker or server process, no message, no chunk
+    wait_until(lambda: not processes_using(home_folder), 10, "the local worker to stop")
+    assert messages_left(home_folder / ".cleveragents") == {}
     assert not HomeShare(home_folder / ".cleveragents").record_path.exists()
 
 
@@ -193,35 +202,34 @@ def test_commands_on_one_home_share_one_local_worker_and_the_last_one_out_stops_
             assert done.result(timeout=30).output_data == {"words": 2}
     finally:
         second.stop()
-    # And the last one out stops it
-    assert not processes_using(home_folder)
+    # And the last one out stops it (and the server's keeper then stops the server)
+    wait_until(lambda: not processes_using(home_folder), 10, "the worker and server to stop")
 
 
 def test_a_message_held_by_a_killed_worker_goes_back_to_the_queue_and_is_run(
     home_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CLEVERAGENTS_HOME", str(home_folder / "home"))
+    monkeypatch.setenv("CLEVERAGENTS_RECOVERY_S", "4")  # the reaper's bound, short
     settings = Settings.from_env()
-    queue = home_folder / "home" / "broker" / "queue"
     with SkillClient(settings=settings) as client:
+        redis_client = home_client(settings.home)
         worker = LocalWorker(settings).start()
         assert worker.pid is not None
         pid = worker.pid
         # (long enough that a loaded machine still kills the worker while the tool runs)
         handle = client.submit("local/text-tools", "local/sleep", {"seconds": 3})
-        wait_until(lambda: held_by(queue, pid) == 1, 20, "the worker to take the message")
+        wait_until(lambda: holds_messages(redis_client, pid), 20, "the worker to take it")
         # When the worker dies holding it (acks_late: not acknowledged yet)
         os.killpg(pid, signal.SIGKILL)
-        wait_until(lambda: not processes_using(home_folder), 10, "the killed worker to go")
-        # (a dying process gives up its memory, and so its /proc environ, before its files:
-        # its in-flight lock is released a moment after it stops showing up above)
-        wait_until(lambda: held_by(queue, pid) == 0, 10, "the killed worker's lock to go")
-        worker.stop()  # the last user out puts back what a dead worker held
-        assert len(list(queue.glob("*.msg"))) == 1, messages_left(queue)
-        # Then the next local worker runs it
+        wait_until(lambda: not processes_using(home_folder / "home" / "local-worker"), 10,
+                   "the killed worker to go")
+        worker.stop()
+        # Then the next local worker's reaper gives it back, and it runs
         with LocalWorker(settings):
             assert handle.result(timeout=30).output_data == {"slept": 3}
-    assert messages_left(queue) == []
+        redis_client.close()
+    assert messages_left(settings.home) == {}
 
 
 def test_a_local_worker_whose_commands_were_killed_stops_by_itself(home_folder: Path) -> None:
@@ -264,61 +272,3 @@ def test_only_the_last_user_to_leave_gets_the_users_lock(tmp_path: Path) -> None
         # A newcomer waits while the last user stops the worker
         with share.open_users() as c, pytest.raises(BlockingIOError):
             fcntl.flock(c, fcntl.LOCK_SH | fcntl.LOCK_NB)
-
-
-def _connection(queue: Path) -> Connection:
-    # kombu keeps declared exchanges per process, not per folder: a name per test.
-    folders = {"data_folder_in": str(queue), "data_folder_out": str(queue)}
-    control = {"control_folder": str(queue.parent / "control"), "polling_interval": 0.01}
-    return Connection(transport=TRANSPORT, transport_options={**folders, **control})
-
-
-def test_a_fetched_message_stays_on_disk_until_acknowledged(tmp_path: Path) -> None:
-    queue = tmp_path / "broker" / "queue"
-    queue.mkdir(parents=True)
-    with _connection(queue) as conn, conn.SimpleQueue("held") as box:
-        box.put({"n": 1})
-        message = box.get(timeout=5)
-        # Held: out of the queue, in this consumer's in-flight folder
-        assert list(queue.glob("*.msg")) == []
-        assert held_by(queue, os.getpid()) == 1
-        message.ack()
-        assert held_by(queue, os.getpid()) == 0
-        box.put({"n": 2})
-        box.get(timeout=5)  # not acknowledged: closing gives it back
-    assert len(list(queue.glob("*.msg"))) == 1
-    assert not list(inflight_folder(queue).rglob("*.msg"))
-
-
-def test_a_dead_consumers_message_goes_back_to_its_place_and_a_live_ones_stays(
-    tmp_path: Path,
-) -> None:
-    queue = tmp_path / "broker" / "queue"
-    queue.mkdir(parents=True)
-    with _connection(queue) as conn, conn.SimpleQueue("orphans") as box:
-        box.put({"n": 1})
-        # Not a wait for an event: queue order is by the millisecond a message was sent
-        time.sleep(0.01)
-        box.put({"n": 2})
-    # Given a consumer process that takes the first message and dies without acknowledging it
-    code = (
-        "import os, sys\n"
-        "from pathlib import Path\n"
-        "from tests.embedded.test_embedded_concurrency import _connection\n"
-        "conn = _connection(Path(sys.argv[1]))\n"
-        "assert conn.SimpleQueue('orphans').get(timeout=5).payload == {'n': 1}\n"
-        "os._exit(0)\n"
-    )
-    subprocess.run([sys.executable, "-c", code, str(queue)], cwd=REPO, check=True, timeout=60)
-    assert len(list(queue.glob("*.msg"))) == 1
-    assert len(list(inflight_folder(queue).rglob("*.msg"))) == 1
-    # When a live consumer fetches
-    with _connection(queue) as conn, conn.SimpleQueue("orphans") as box:
-        message = box.get(timeout=5)
-        # Then the dead one's message came back first, in its place in the queue
-        assert message.payload == {"n": 1}
-        assert held_by(queue, os.getpid()) == 1
-        # And a sweep leaves a live consumer's message alone
-        assert restore_orphans(queue) == 0
-        assert held_by(queue, os.getpid()) == 1
-        assert len(list(queue.glob("*.msg"))) == 1

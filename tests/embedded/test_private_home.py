@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from cleveragents.client import SkillClient
-from cleveragents.embedded.folders import EmbeddedFolders
-from cleveragents.embedded.runner import LocalWorker, stop_worker
+from cleveragents.embedded.runner import LocalWorker, home_client, stop_worker
+from cleveragents.embedded.server import ServerPaths
 from cleveragents.embedded.share import HomeShare, WorkerRecord, process_started
 from cleveragents.errors import ConfigurationError
 from cleveragents.settings import Settings
@@ -129,7 +129,7 @@ def test_stopping_leaves_a_process_the_record_names_alone_unless_it_is_the_homes
         assert not share.is_local_worker(record)
 
         # When the last command out stops "the worker"
-        stop_worker(share, str(EmbeddedFolders.under(home).queue))
+        stop_worker(share, home_client(home))  # (a client never used: not the worker)
 
         # Then nothing was signalled, and the record is gone
         assert process_alive(sleeper.pid)
@@ -149,42 +149,43 @@ def test_a_local_worker_is_recognised_as_its_own_homes_worker_only(tmp_path: Pat
         assert not HomeShare(settings.home).is_local_worker(WorkerRecord(record.pid, "1"))
 
 
+def _every_entry(folder: Path) -> list[Path]:
+    return [folder, *folder.rglob("*")]
+
+
 def test_the_home_its_folders_and_files_are_private_whatever_the_umask(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
     settings = Settings.from_env({"CLEVERAGENTS_HOME": str(home)})
-    folders = EmbeddedFolders.under(home)
+    server = ServerPaths.of(home)
     share = HomeShare(home)
     old = os.umask(0)  # the most permissive umask: every mode below is set, not inherited
     try:
         with SkillClient(settings=settings) as client:
-            # A message waits in the queue until a worker runs
+            # A message waits in the home's server until a worker runs
             handle = client.submit("local/text-tools", "local/word-count", {"text": "a b"})
-            messages = list(folders.queue.glob("*.msg"))
-            assert len(messages) == 1
-            assert mode(messages[0]) == 0o600
+            assert stat.S_ISSOCK(server.socket.stat().st_mode)
+            assert mode(server.socket) == 0o700
             with LocalWorker(settings) as local:
                 assert handle.result(timeout=60).output_data == {"words": 2}
                 assert local.pid is not None
-                assert mode(share.record_path) == 0o600
-                assert mode(share.users_path) == 0o600
-                assert mode(share.start_path) == 0o600
+                for path in (share.record_path, share.users_path, share.start_path):
+                    assert mode(path) == 0o600, path
                 assert mode(local.log_path) == 0o600
                 assert mode(local.log_path.parent) == 0o700
                 assert mode(share.folder) == 0o700
-                inflight = folders.queue.parent / "inflight"
-                assert mode(inflight) == 0o700
-                for entry in inflight.iterdir():  # the worker's own folders and locks
-                    assert mode(entry) == (0o700 if entry.is_dir() else 0o600), entry
-        results = [p for p in folders.results.iterdir() if p.is_file()]
-        assert results
-        for result in results:
-            assert mode(result) == 0o600, result
     finally:
         os.umask(old)
-    for folder in (home, folders.queue, folders.queue.parent, folders.control, folders.results):
-        assert mode(folder) == 0o700, folder
+    # The server's folder, its append-only files and its log: this user's alone
+    entries = [*_every_entry(server.folder), server.log]
+    assert any(p.name.endswith(".aof") for p in entries), entries
+    for path in entries:
+        if path.is_dir():
+            assert mode(path) == 0o700, path
+        elif not path.is_socket():
+            assert mode(path) == 0o600, path
+    assert mode(home) == 0o700
 
 
 def test_submit_creates_a_private_home(work: Path) -> None:
@@ -192,10 +193,9 @@ def test_submit_creates_a_private_home(work: Path) -> None:
     done = run_cli("submit", *WORD_COUNT, "--wait", home=home, cwd=work)
     assert done.returncode == 0, done.stderr
     assert mode(home) == 0o700
-    assert mode(home / "broker" / "queue") == 0o700
-    results = [p for p in (home / "results").iterdir() if p.is_file()]
-    assert results
-    assert all(mode(p) == 0o600 for p in results)
+    files = [p for p in _every_entry(ServerPaths.of(home).data) if p.is_file()]
+    assert files
+    assert all(mode(p) == 0o600 for p in files), files
 
 
 @NEEDS_ROOT
@@ -240,32 +240,41 @@ def test_a_home_others_may_write_to_is_refused_in_one_line(work: Path, loose: in
     assert list(home.iterdir()) == []
 
 
-def test_a_readable_home_from_before_is_made_private_and_used(work: Path) -> None:
-    # Given a home made before homes were private: 0755 folders, a 0644 result
+def test_an_old_home_is_made_private_used_and_its_old_data_named_once(work: Path) -> None:
+    # Given a home of the file-based embedded default: 0755 folders, a queued message
     home = work / "home"
     queue = home / "broker" / "queue"
     queue.mkdir(parents=True)
+    (queue / "old.msg").write_text("{}")
     for folder in (home, home / "broker", queue):
         folder.chmod(0o755)
 
     # When a command uses it
     done = run_cli("submit", *WORD_COUNT, "--wait", home=home, cwd=work)
 
-    # Then it runs, and the home and its folders are closed to others from now on
+    # Then it runs, the home is closed to others from now on, and one line says where the
+    # old data is and that it is not carried over; the old files are left as they were
     assert done.returncode == 0, done.stderr
     assert mode(home) == 0o700
-    assert mode(queue) == 0o700
+    notes = [line for line in done.stderr.splitlines() if "not carried over" in line]
+    assert len(notes) == 1, done.stderr
+    assert str(home.resolve() / "broker") in notes[0]
+    assert (queue / "old.msg").read_text() == "{}"
+    # And the next command does not say it again
+    again = run_cli("submit", *WORD_COUNT, "--wait", home=home, cwd=work)
+    assert again.returncode == 0, again.stderr
+    assert "not carried over" not in again.stderr
 
 
 @NEEDS_ROOT
 def test_a_folder_in_the_home_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    queue = home / "broker" / "queue"
-    queue.mkdir(parents=True, mode=0o700)
+    server = home / "server"
+    server.mkdir(parents=True, mode=0o700)
     home.chmod(0o700)
-    os.chown(queue, NOBODY_UID, NOBODY_UID)
+    os.chown(server, NOBODY_UID, NOBODY_UID)
     settings = Settings.from_env({"CLEVERAGENTS_HOME": str(home)})
-    owned = re.escape(f"{queue} in CLEVERAGENTS_HOME is owned by uid {NOBODY_UID}")
+    owned = re.escape(f"{server} in CLEVERAGENTS_HOME is owned by uid {NOBODY_UID}")
     with pytest.raises(ConfigurationError, match=owned):
         SkillClient(settings=settings)
 

@@ -13,10 +13,16 @@ import subprocess
 import pytest
 
 from cleveragents.runtime.outcomes import UNKNOWN_WRITE_ADVICE
-from tests.conftest import Broker
+from tests.conftest import EVERY_BROKER, Broker, broker_for
 from tests.support.worker_runs import WorkerScenario, cli
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(params=EVERY_BROKER)
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Redis, RabbitMQ, and the embedded default (issue 44: the fleet's queue tests)."""
+    return broker_for(request, redis_url)
 
 SKILL, WRITE, READ = "test/faults", "test/write-once", "test/read"
 

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from cleveragents.pipeline import Pipeline
 from cleveragents.skills import Catalogue
 from cleveragents.skills.policies import Limits, RetryPolicy
 from cleveragents.stores import Stores
-from cleveragents.stores.quotas import FileLimitGate, Permit
+from cleveragents.stores.quotas import Permit, RedisLimitGate
 
 TOOL = """\
 name: test/p
@@ -105,8 +106,8 @@ def test_a_tool_reached_through_another_skill_shares_its_limits(tmp_path: Path) 
     )
     catalogue = Catalogue.from_paths(path)
     pipeline = Pipeline.over(
-        catalogue, Stores.in_memory(), limit_gate=FileLimitGate(tmp_path / "limits")
-    )
+        catalogue, Stores.in_memory(), limit_gate=RedisLimitGate(redis.Redis(), 30.0)
+    )  # (a gate never asked: no connection is made)
     via_other = pipeline.policy_tool({"skill": "test/other", "tool": "test/t"})
     via_own = pipeline.policy_tool({"skill": "test/own", "tool": "test/t"})
     assert via_other is not None

@@ -1,7 +1,8 @@
-"""One contract per kind of store, run over its three implementations: memory, files, Redis.
+"""One contract per kind of store, run over the in-memory doubles and the Redis stores, on
+the fleet's Redis and on the embedded default's private server.
 
-The file and Redis stores are built the way workers and clients build them, by
-``open_stores`` from a real Celery result backend (a file store, a real Redis).
+The Redis stores are built the way workers and clients build them, by ``open_stores``
+from a real Celery result backend (a real Redis; the home's Valkey on its socket).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import redis
 from celery import Celery
 
 from cleveragents.constants import DEAD_LETTER_KEY
-from cleveragents.errors import SkillErrorType
+from cleveragents.embedded.server import join_server, leave_server
+from cleveragents.embedded.urls import HomeUrls
+from cleveragents.errors import ConfigurationError, SkillErrorType
 from cleveragents.messages import result_from_stored, result_payload
 from cleveragents.runtime.gating import GATE_REQUEST
 from cleveragents.runtime.outcomes import failed_result
@@ -28,10 +31,8 @@ from cleveragents.settings import Settings
 from cleveragents.skills import SkillResult
 from cleveragents.stores import (
     Claim,
-    FileGuardStore,
     MemoryGuardStore,
     MetricCounts,
-    NullMetricStore,
     RedisBatchLedger,
     RedisGuardStore,
     RedisMetricStore,
@@ -42,7 +43,7 @@ from cleveragents.stores import (
 )
 
 #: "redis-worker": a worker's stores, which write many results with one script.
-KINDS = ["memory", "file", "redis", "redis-worker"]
+KINDS = ["memory", "embedded", "redis", "redis-worker"]
 
 
 def celery_backend(url: str) -> Any:
@@ -61,10 +62,12 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
     settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
     if request.param == "memory":
         yield Stores.in_memory(marks_redeliveries=False)
-    elif request.param == "file":
-        folder = tmp_path / "results"
-        folder.mkdir()
-        yield open_stores(settings, celery_backend(f"file://{folder}"))
+    elif request.param == "embedded":
+        join_server(settings.home)
+        try:
+            yield open_stores(settings, celery_backend(HomeUrls.of(settings.home).backend))
+        finally:
+            leave_server(settings.home)
     else:
         backend = celery_backend(request.getfixturevalue("redis_url"))
         yield open_stores(settings, backend, worker=request.param == "redis-worker")
@@ -99,30 +102,23 @@ def test_the_factory_chooses_redis_stores_beside_a_redis_backend(redis_url: str)
     assert chosen.guard.marks_redeliveries
 
 
-def test_the_factory_chooses_files_under_home_beside_any_other_backend(tmp_path: Path) -> None:
+def test_the_factory_refuses_a_result_backend_that_is_not_a_redis(tmp_path: Path) -> None:
     (tmp_path / "results").mkdir()
     settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path)})
-    chosen = open_stores(settings, celery_backend(f"file://{tmp_path / 'results'}"))
-    assert isinstance(chosen.guard, FileGuardStore)
-    assert not chosen.guard.marks_redeliveries
-    assert isinstance(chosen.metrics, NullMetricStore)
-    chosen.guard.attempt("x")
-    assert (tmp_path / "guard" / "attempts" / "x").exists()
+    with pytest.raises(ConfigurationError, match="must be a Redis"):
+        open_stores(settings, celery_backend(f"file://{tmp_path / 'results'}"))
 
 
 @pytest.mark.parametrize(
     ("broker", "marks"),
-    [("", False), ("redis://h:6379/0", True), ("amqp://guest@h//", True), ("memory://", False)],
+    [("", True), ("redis://h:6379/0", True), ("amqp://guest@h//", True), ("memory://", False)],
 )
 def test_whether_redeliveries_are_marked_is_the_brokers_to_say(
-    broker: str, marks: bool, redis_url: str, tmp_path: Path
+    broker: str, marks: bool, redis_url: str
 ) -> None:
-    # The embedded file transport marks none, even with a Redis result backend.
+    # The embedded default ("") is a Redis: its transport marks them as the fleet's does.
     settings = Settings.from_env({"CLEVERAGENTS_BROKER_URL": broker})
     assert open_stores(settings, celery_backend(redis_url)).guard.marks_redeliveries is marks
-    (tmp_path / "results").mkdir()
-    file_backend = celery_backend(f"file://{tmp_path / 'results'}")
-    assert open_stores(settings, file_backend).guard.marks_redeliveries is marks
 
 
 # --- guard store -------------------------------------------------------------------
@@ -161,8 +157,6 @@ def _dead_letters(stores: Stores) -> dict[str, dict[str, Any]]:
     guard = stores.guard
     if isinstance(guard, MemoryGuardStore):
         texts = guard.dead
-    elif isinstance(guard, FileGuardStore):
-        texts = [p.read_text(encoding="utf-8") for p in (guard.folder / "dead-letter").iterdir()]
     else:
         assert isinstance(guard, RedisGuardStore)
         texts = [raw.decode() for raw in guard.client.lrange(DEAD_LETTER_KEY, 0, -1)]
@@ -328,16 +322,10 @@ def test_a_refusal_for_writes_does_not_answer_the_request_sent_again_with_writes
     assert stores.results.get_payloads(["g-1"])[0] is not None
 
 
-@pytest.mark.parametrize("kind", ["file", "redis"])
 def test_stored_results_read_like_any_celery_task_result(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+    redis_url: str, tmp_path: Path
 ) -> None:
-    if kind == "file":
-        (tmp_path / "results").mkdir()
-        url = f"file://{tmp_path / 'results'}"
-    else:
-        url = request.getfixturevalue("redis_url")
-    backend = celery_backend(url)
+    backend = celery_backend(redis_url)
     chosen = open_stores(Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path)}), backend)
     failure = refused_for_writes()
     chosen.results.put_many([("c-ok", ok()), ("c-bad", failure)])
@@ -389,7 +377,7 @@ def test_a_batch_ledger_keeps_the_results_of_lines_refused_before_sending(
 # --- metric store ------------------------------------------------------------------
 
 
-def test_metric_counts_add_up_except_on_the_embedded_default(stores: Stores) -> None:
+def test_metric_counts_add_up(stores: Stores) -> None:
     one = MetricCounts()
     one.invocations[json.dumps(["s", "t", "success", ""])] += 2
     one.durations[json.dumps(["s", "t", "0.01"])] += 2
@@ -397,15 +385,12 @@ def test_metric_counts_add_up_except_on_the_embedded_default(stores: Stores) -> 
     stores.metrics.add(one)
     stores.metrics.add(one)
     totals = stores.metrics.totals()
-    if isinstance(stores.metrics, NullMetricStore):
-        assert not totals  # dropped: nothing exports metrics without Redis
-        return
     assert totals.invocations == {json.dumps(["s", "t", "success", ""]): 4}
     assert totals.durations == {json.dumps(["s", "t", "0.01"]): 4}
     assert totals.sums == {json.dumps(["s", "t"]): pytest.approx(1.0)}
 
 
-def test_a_count_of_zero_makes_its_series_exist_except_on_the_embedded_default(
+def test_a_count_of_zero_makes_its_series_exist(
     stores: Stores,
 ) -> None:
     zero = MetricCounts()
@@ -413,9 +398,6 @@ def test_a_count_of_zero_makes_its_series_exist_except_on_the_embedded_default(
     zero.sums[json.dumps(["s", "t", "success"])] = 0.0
     stores.metrics.add(zero)
     totals = stores.metrics.totals()
-    if isinstance(stores.metrics, NullMetricStore):
-        assert not totals
-        return
     assert totals.invocations == {json.dumps(["s", "t", "success", "", ""]): 0}
     assert totals.sums == {json.dumps(["s", "t", "success"]): 0.0}
 

@@ -149,7 +149,7 @@ def test_the_worker_app_reads_its_settings_when_configured_not_at_import(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     queues, transport, patched, logs_return_value = done.stdout.strip().splitlines()
     assert queues == "['skills.batch', 'skills.read']"
-    assert transport == "cleveragents.broker.embedded.transport:Transport"
+    assert transport == "cleveragents.broker.redis.transport:SocketTransport"
     assert patched == "False"
     assert logs_return_value == "True"
     assert _tree(tmp_path) == []
@@ -165,10 +165,12 @@ def test_a_client_with_a_bad_setting_raises_configuration_error(
     assert _tree(tmp_path) == []
 
 
-def test_the_embedded_client_creates_its_folders_when_constructed(tmp_path: Path) -> None:
+def test_the_embedded_client_starts_the_homes_server_when_constructed(tmp_path: Path) -> None:
     settings = Settings.from_env({"CLEVERAGENTS_HOME": str(tmp_path / "home")})
     with SkillClient(settings=settings):
-        assert {"broker/queue", "broker/control", "results"} <= set(_tree(tmp_path / "home"))
+        assert {"server/data", "server/server.json", "server/valkey.sock"} <= set(
+            _tree(tmp_path / "home")
+        )
 
 
 def test_a_redis_client_creates_no_folder(tmp_path: Path) -> None:
@@ -223,14 +225,13 @@ def test_an_embedded_round_trip_leaves_kombus_transport_aliases_alone(tmp_path: 
     settings = Settings.from_env(
         {"CLEVERAGENTS_HOME": str(tmp_path / "home"), "CLEVERAGENTS_CATALOGUE": str(EXAMPLE_SKILLS)}
     )
-    # When a client sends through a real local worker on the embedded transport
+    # When a client sends through a real local worker on the embedded default's server
     with SkillClient(settings=settings) as client, LocalWorker(settings):
         handle = client.submit("local/text-tools", "local/word-count", {"text": "a b c"})
         result = handle.result(timeout=60)
     # Then the invocation ran, and kombu's global alias table is unchanged
     assert result.output_data == {"words": 3}
     assert dict(TRANSPORT_ALIASES) == before
-    assert "cleveragentsfs" not in TRANSPORT_ALIASES
 
 
 def test_a_started_worker_applies_the_patches_and_logs_no_return_value(

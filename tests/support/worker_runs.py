@@ -109,7 +109,7 @@ def quiet(broker: str, results: str) -> bool:
     and it comes back only if that worker's channel closes.
     """
     try:
-        if not broker.startswith("redis"):
+        if not broker.startswith(("redis", "unix")):
             return sum(queue_state(broker, q)[0] for q in SKILL_QUEUES) == 0
         with redis.Redis.from_url(results, socket_timeout=5) as client:
             waiting = sum(int(client.llen(q)) for q in SKILL_QUEUES)

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,12 +21,17 @@ import redis
 
 from cleveragents.client import SkillClient
 from cleveragents.metrics.exporter import render
-from cleveragents.skills.policies import Limits
-from cleveragents.stores.quotas import FileLimitGate, Permit
+from tests.conftest import EVERY_BROKER, Broker, broker_for
 from tests.support.procs import Worker, kill_group, wait_until
 from tests.support.worker_runs import WorkerScenario, runs
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(params=EVERY_BROKER)
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Redis, RabbitMQ, and the embedded default (issue 44: the fleet's queue tests)."""
+    return broker_for(request, redis_url)
 
 
 def test_one_at_a_time_never_runs_twice_at_once_and_other_tools_run_beside_it(
@@ -119,37 +121,6 @@ def test_a_slot_held_by_a_killed_worker_comes_back_within_the_recovery_time(
     # Then it started within the recovery time of the kill (plus the start-up of the worker)
     [row] = runs(log, "next")
     assert row["start"] - killed < 4.0 + 3.0, row["start"] - killed
-
-
-def test_the_embedded_gate_holds_across_processes_and_forgets_a_dead_one(tmp_path: Path) -> None:
-    gate = FileLimitGate(tmp_path / "limits")
-    one = Limits(concurrency=1)
-    # A slot held by a process that is gone is free again
-    child = subprocess.run(
-        [sys.executable, "-c", (
-            "import sys; from pathlib import Path; "
-            "from cleveragents.stores.quotas import FileLimitGate; "
-            "from cleveragents.skills.policies import Limits; "
-            "p = FileLimitGate(Path(sys.argv[1])).take('k', Limits(concurrency=1)); "
-            "print(type(p).__name__)"
-        ), str(tmp_path / "limits")],
-        capture_output=True, text=True, check=True, env={**os.environ},
-    )  # fmt: skip
-    assert child.stdout.strip() == "Permit"
-    held = gate.take("k", one)
-    assert isinstance(held, Permit)
-    # While this process holds it, another take waits
-    assert isinstance(gate.take("k", one), float)
-    held.release()
-    again = gate.take("k", one)
-    assert isinstance(again, Permit)
-    # A rate of 2 a second: the third start waits about the rest of the window
-    rate = Limits(rate="2/s")
-    assert isinstance(gate.take("r", rate), Permit)
-    assert isinstance(gate.take("r", rate), Permit)
-    wait = gate.take("r", rate)
-    assert isinstance(wait, float)
-    assert 0.5 < wait <= 1.1  # the rest of the window and its margin
 
 
 def test_flower_is_told_that_an_invocation_waits_for_its_limits(

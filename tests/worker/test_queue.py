@@ -15,11 +15,17 @@ import pytest
 from cleveragents.client import SkillClient
 from cleveragents.constants import QUEUE_READ, QUEUE_WRITE, TASK_INVOKE
 from cleveragents.skills import SkillErrorType
-from tests.conftest import Broker
+from tests.conftest import EVERY_BROKER, Broker, broker_for
 from tests.support.procs import Worker
 from tests.support.rabbit import queue_state
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(params=EVERY_BROKER)
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Redis, RabbitMQ, and the embedded default (issue 44: the fleet's queue tests)."""
+    return broker_for(request, redis_url)
 
 StartWorker = Callable[..., Worker]
 

@@ -17,10 +17,17 @@ from celery.result import AsyncResult
 
 from cleveragents.client import SkillClient
 from cleveragents.messages import retry_note
+from tests.conftest import EVERY_BROKER, Broker, broker_for
 from tests.support.procs import Worker, kill_group, wait_until
 from tests.support.worker_runs import WorkerScenario, runs
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(params=EVERY_BROKER)
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Broker:
+    """Redis, RabbitMQ, and the embedded default (issue 44: the fleet's queue tests)."""
+    return broker_for(request, redis_url)
 
 
 def test_a_read_failing_twice_succeeds_on_its_third_attempt_after_its_backoff(

@@ -53,6 +53,8 @@ __all__ = [
     "RecoveryKeys",
     "RecoveryTiming",
     "alive_key",
+    "holders_alive",
+    "holds_messages",
     "new_holder_id",
     "process_heartbeat",
 ]
@@ -134,6 +136,25 @@ class RecoveryKeys:
 def alive_key(holder: str) -> str:
     """The heartbeat key of ``holder``."""
     return f"{ALIVE_KEY_PREFIX}{holder}"
+
+
+def holders_alive(client: redis.Redis) -> bool:
+    """True while some worker consumes from this Redis (a holder beats)."""
+    cursor, keys = client.scan(0, match=f"{ALIVE_KEY_PREFIX}*", count=1000)
+    while not keys and cursor:
+        cursor, keys = client.scan(cursor, match=f"{ALIVE_KEY_PREFIX}*", count=1000)
+    return bool(keys)
+
+
+def holds_messages(client: redis.Redis, pid: int) -> bool:
+    """True while a consumer of process ``pid`` on this host holds unacknowledged messages."""
+    mark = f"{socket.gethostname()}:{pid}:"
+    for keys in (RecoveryKeys.of(False), RecoveryKeys.of(True)):
+        for holder in client.hvals(keys.held):
+            text = holder.decode() if isinstance(holder, bytes) else str(holder)
+            if text.removeprefix(keys.holder_prefix).startswith(mark):
+                return True
+    return False
 
 
 def new_holder_id(prefix: str = "") -> str:

@@ -130,9 +130,15 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
 
 def worker_result_backend(url: str | None) -> str | None:
     """The ``result_backend`` a worker sets for ``url`` (None: keep it as it is)."""
-    if not url or url.partition("://")[0].lower() not in ("redis", "rediss"):
+    scheme = (url or "").partition("://")[0].lower()
+    if not url or scheme not in ("redis", "rediss", "redis+socket"):
         return None
-    return f"{BACKEND_CLASS}+{url}"
+    return f"{BACKEND_CLASS}+{_named(url)}"
+
+
+def _named(url: str) -> str:
+    # Behind a class path Celery reads the URL's own scheme: a socket is "socket://".
+    return url[len("redis+") :] if url.lower().startswith("redis+socket://") else url
 
 
 class SendOnlyRedisBackend(CeleryRedisBackend):  # type: ignore[misc]
@@ -152,4 +158,4 @@ class SendOnlyRedisBackend(CeleryRedisBackend):  # type: ignore[misc]
 
 def send_only_result_backend(url: str) -> str:
     """The ``result_backend`` of a producer that never waits through Celery, for ``url``."""
-    return f"{SEND_ONLY_BACKEND_CLASS}+{url}"
+    return f"{SEND_ONLY_BACKEND_CLASS}+{_named(url)}"

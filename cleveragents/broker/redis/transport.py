@@ -59,7 +59,7 @@ from cleveragents.broker.redis.liveness import (
     process_heartbeat,
 )
 
-__all__ = ["Channel", "QoS", "Transport"]
+__all__ = ["Channel", "QoS", "SocketTransport", "Transport"]
 
 log = logging.getLogger("cleveragents.recovery")
 
@@ -524,6 +524,13 @@ class Transport(kombu_redis.Transport):
     # Batch publishing is kombu's to decide (its ``supports_batch_publish``, channel and
     # transport): none when the connection retries a command, since a pipeline sent
     # again publishes each of its messages twice.
+
+
+class SocketTransport(Transport):
+    """The same transport on a Unix socket (the embedded default's server): the URL
+    ``socket:///path`` is kept whole, and kombu's channel connects to that path."""
+
+    can_parse_url = True
 
 
 def _deliver_as_taken(payload: Any, queue: str) -> None:
