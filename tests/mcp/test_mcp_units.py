@@ -23,7 +23,7 @@ from cleveragents.mcp import (
     check_http_options,
     is_loopback,
 )
-from cleveragents.mcp.approval_prompt import why_not_asked
+from cleveragents.mcp.approval_prompt import asks_in_result, why_not_asked
 from cleveragents.mcp.call_results import writes_refused
 from cleveragents.mcp.result_tool import bad_lookup, outcome_of
 from cleveragents.mcp.stdio import PipeLines, pipe_lines
@@ -412,12 +412,15 @@ def test_why_a_client_is_not_asked_is_said_for_each_case() -> None:
     modern = _session({"elicitation": {"form": {}, "url": {}}}, "2026-07-28", False)
     # Then without the operator's opt-in, that is the reason, whatever the client declared
     assert "--approve-over-mcp" in (why_not_asked(modern, approve_over_mcp=False) or "")
-    # ... and with it, the capability is recognised: the revision is why it is not asked
-    why = why_not_asked(modern, approve_over_mcp=True) or ""
-    assert "2026-07-28" in why, why
-    assert "did not declare" not in why, why
+    # ... and with it, the capability is recognised and it is asked (in an input_required
+    # result, which needs no channel back to the client)
+    assert why_not_asked(modern, approve_over_mcp=True) is None
+    assert asks_in_result(modern)
+    modern_none = _session({}, "2026-07-28", False)
+    assert "did not declare" in (why_not_asked(modern_none, approve_over_mcp=True) or "")
     handshake = _session({"elicitation": {}}, "2025-11-25", True)
     assert why_not_asked(handshake, approve_over_mcp=True) is None
+    assert not asks_in_result(handshake)
     none = why_not_asked(_session(None, "2025-11-25", True), approve_over_mcp=True)
     assert none == "the client did not declare the elicitation capability"
     url_only = _session({"elicitation": {"url": {}}}, "2025-11-25", True)
