@@ -31,6 +31,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from cleveragents.approvals import ApprovalError
 from cleveragents.client import SkillClient
+from cleveragents.mcp.call_results import META_REQUEST_ID
 from cleveragents.mcp.naming import ToolRoute
 from cleveragents.pipeline.binding import request_digest
 from cleveragents.runtime.request import SkillInvocationRequest
@@ -148,13 +149,20 @@ def question(route: ToolRoute, request: SkillInvocationRequest) -> str:
 def question_result(
     route: ToolRoute, request: SkillInvocationRequest, state: str
 ) -> types.InputRequiredResult:
-    """The ``input_required`` answer of a parked call: the question, and the sealed ``state``."""
+    """The ``input_required`` answer of a parked call: the question, and the sealed ``state``.
+
+    ``_meta`` names the invocation (``cleveragents/request_id``), as every answer of a call does.
+    """
     ask = types.ElicitRequest(
         params=types.ElicitRequestFormParams(
             message=question(route, request), requested_schema=REASON_SCHEMA
         )
     )
-    return types.InputRequiredResult(input_requests={INPUT_KEY: ask}, request_state=state)
+    return types.InputRequiredResult(
+        input_requests={INPUT_KEY: ask},
+        request_state=state,
+        _meta={META_REQUEST_ID: request.request_id},
+    )
 
 
 def answer_of(responses: dict[str, Any] | None) -> types.ElicitResult | None:

@@ -7,7 +7,8 @@ sealed ``requestState``; the client asks its approval handler and calls again wi
 the answer and the state. Accept approves the digest of the call shown and the write
 runs once; decline rejects it and nothing runs. A state the client changed, or one
 moved to another call, is refused and decides nothing. On a real worker on Redis,
-over stdio, with the real Pydantic AI agent (``TestModel``) and the SDK's client.
+with the real Pydantic AI agent (``TestModel``) over stdio and the SDK's client over
+HTTP.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from fastmcp.client.elicitation import ElicitResult
 from fastmcp.client.transports import StdioTransport
-from mcp import ClientSession, StdioServerParameters, stdio_client, types
+from mcp import ClientSession, types
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic_ai import Agent
 from pydantic_ai.exceptions import UnexpectedModelBehavior
@@ -33,7 +36,7 @@ from cleveragents.client import SkillClient
 from cleveragents.constants import STATE_AWAITING_APPROVAL
 from cleveragents.mcp.naming import ToolTable
 from cleveragents.skills import Catalogue
-from tests.support.mcp_support import CLEVERAGENTS, serve_env
+from tests.support.mcp_support import CLEVERAGENTS, http_server, serve_env
 from tests.support.procs import EXAMPLE_SKILLS, REPO, Worker
 from tests.support.worker_runs import run_keys
 
@@ -163,14 +166,10 @@ async def _input_required(session: ClientSession, tool: str, key: str, log: Path
 def test_a_tampered_or_moved_request_state_is_refused_and_decides_nothing(
     fleet: tuple[str, str, Path], client: SkillClient, tmp_path: Path
 ) -> None:
+    # Given the SDK's client at MCP 2026-07-28 over HTTP, driving the retries by hand
     broker, catalogue, log = fleet
     tool = _tool_name(catalogue)
-    params = StdioServerParameters(
-        command=CLEVERAGENTS,
-        args=["mcp", "serve", "--allow-writes", "--approve-over-mcp"],
-        env=serve_env(broker, CLEVERAGENTS_CATALOGUE=catalogue),
-        cwd=REPO,
-    )
+    env = serve_env(broker, CLEVERAGENTS_CATALOGUE=catalogue)
     accept = {"approval": types.ElicitResult(action="accept", content={})}
     refusals: list[str] = []
     outcome: dict[str, Any] = {}
@@ -182,45 +181,48 @@ def test_a_tampered_or_moved_request_state_is_refused_and_decides_nothing(
             )
         refusals.append(str(error.value))
 
-    async def scenario() -> None:
-        with (tmp_path / "serve.log").open("w") as errlog:
-            async with (
-                stdio_client(params, errlog=errlog) as (read, write),
-                ClientSession(
-                    read,
-                    write,
-                    elicitation_callback=_never_called,
-                    client_info=types.Implementation(name=CLIENT_NAME, version="1"),
-                ) as session,
-            ):
-                with anyio.fail_after(150):
-                    await session.discover()  # MCP 2026-07-28, as Pydantic AI's client
-                    yes = await _input_required(session, tool, "pay-yes", log)
-                    no = await _input_required(session, tool, "pay-no", log)
-                    outcome["questions"] = [yes, no]
-                    state = yes.request_state
-                    # A state with one character changed is refused
-                    flipped = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
-                    await refused(session, {"log": str(log), "key": "pay-yes"}, flipped)
-                    # ... and so is the state of one call sent with another call's arguments
-                    await refused(session, {"log": str(log), "key": "pay-no"}, state)
-                    outcome["pending"] = await anyio.to_thread.run_sync(
-                        client.approvals.pending
-                    )
-                    # The genuine state, with the call it was given for, approves and runs
-                    outcome["done"] = await session.call_tool(
-                        tool,
-                        {"log": str(log), "key": "pay-yes"},
-                        input_responses=dict(accept),
-                        request_state=state,
-                    )
+    async def scenario(url: str) -> None:
+        async with (
+            httpx2.AsyncClient() as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(
+                read,
+                write,
+                elicitation_callback=_never_called,
+                client_info=types.Implementation(name=CLIENT_NAME, version="1"),
+            ) as session,
+        ):
+            with anyio.fail_after(150):
+                outcome["versions"] = (await session.discover()).supported_versions
+                yes = await _input_required(session, tool, "pay-yes", log)
+                no = await _input_required(session, tool, "pay-no", log)
+                outcome["questions"] = [yes, no]
+                state = yes.request_state
+                # When a state with one character changed comes back, it is refused
+                flipped = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
+                await refused(session, {"log": str(log), "key": "pay-yes"}, flipped)
+                # ... and so is the state of one call sent with another call's arguments
+                await refused(session, {"log": str(log), "key": "pay-no"}, state)
+                outcome["pending"] = await anyio.to_thread.run_sync(client.approvals.pending)
+                # The genuine state, with the call it was given for, approves and runs
+                outcome["done"] = await session.call_tool(
+                    tool,
+                    {"log": str(log), "key": "pay-yes"},
+                    input_responses=dict(accept),
+                    request_state=state,
+                )
 
-    anyio.run(scenario)
+    with http_server(env, tmp_path / "serve.log", "--allow-writes", "--approve-over-mcp") as server:
+        anyio.run(scenario, server.url)
+        serve_log = server.log_text()
 
+    assert "2026-07-28" in outcome["versions"]
+    # Then both were refused before anything was decided: both calls still parked, none ran
     assert len(refusals) == 2, refusals
-    # Refused before anything was decided: both calls were still parked, nothing ran
+    assert serve_log.count("request state refused") == 2, serve_log
     parked = {p.body["arguments"]["key"]: p.request_id for p in outcome["pending"]}
     assert set(parked) == {"pay-yes", "pay-no"}, parked
+    # ... and the genuine state decided its own call only
     done = outcome["done"]
     assert isinstance(done, types.CallToolResult), done
     assert done.is_error is False, done
@@ -229,12 +231,12 @@ def test_a_tampered_or_moved_request_state_is_refused_and_decides_nothing(
     assert done.meta["cleveragents/request_id"] == parked["pay-yes"]
     assert run_keys(log) == ["pay-yes"]
     assert client.state(parked["pay-no"]) == STATE_AWAITING_APPROVAL
-    # The question showed the call, and its form asks for an optional reason
-    (request,) = outcome["questions"][0].input_requests.values()
+    # The question showed the call and named its invocation
+    first = outcome["questions"][0]
+    (request,) = first.input_requests.values()
     assert isinstance(request, types.ElicitRequest), request
     assert '"key": "pay-yes"' in request.params.message
-    serve_log = (tmp_path / "serve.log").read_text()
-    assert serve_log.count("request state refused") == 2, serve_log
+    assert first.meta["cleveragents/request_id"] == parked["pay-yes"]
 
 
 async def _never_called(context: Any, params: Any) -> types.ElicitResult:
