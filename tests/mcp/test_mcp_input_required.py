@@ -90,46 +90,56 @@ def fleet(
     return redis_url, catalogue, log
 
 
-def test_pydantic_ai_approval_handler_is_asked_and_its_answer_decides(
-    fleet: tuple[str, str, Path], client: SkillClient, tmp_path: Path
-) -> None:
-    broker, catalogue, log = fleet
-    asked: list[str] = []
-    answers = {"pay-yes": "accept", "pay-no": "decline"}
+def _pydantic_ai_toolset(
+    broker: str, catalogue: str, serve_log: Path, asked: list[str]
+) -> MCPToolset:
+    """Pydantic AI's MCP client to ``mcp serve --approve-over-mcp``: its approval handler
+    records each question, accepts the pay-yes call and declines the pay-no one."""
 
     async def approval_handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
         asked.append(message)
         key = "pay-yes" if "pay-yes" in message else "pay-no"
-        return ElicitResult(action=answers[key], content={"reason": f"{key} checked"})
+        action = "accept" if key == "pay-yes" else "decline"
+        return ElicitResult(action=action, content={"reason": f"{key} checked"})
 
     transport = StdioTransport(
         CLEVERAGENTS,
         ["mcp", "serve", "--allow-writes", "--approve-over-mcp"],
         env=serve_env(broker, CLEVERAGENTS_CATALOGUE=catalogue),
         cwd=str(REPO),
-        log_file=tmp_path / "serve.log",
+        log_file=serve_log,
     )
-    toolset = MCPToolset(
+    return MCPToolset(
         transport,
         elicitation_handler=approval_handler,
         client_info=types.Implementation(name=CLIENT_NAME, version="1.0"),
     )
-    tool = _tool_name(catalogue)
-    outcomes: dict[str, Any] = {}
 
-    async def scenario() -> None:
-        # TestModel calls the tool with key pay-yes (seed 0) or pay-no (seed 1)
-        approving = Agent(TestModel(call_tools=[tool], seed=0), toolsets=[toolset])
-        declining = Agent(TestModel(call_tools=[tool], seed=1), toolsets=[toolset])
-        with anyio.fail_after(150):
-            async with toolset:
-                outcomes["approved"] = (await approving.run("Pay the invoice")).output
-                try:
-                    await declining.run("Pay the other invoice")
-                except UnexpectedModelBehavior as refused:  # refused on every retry
-                    outcomes["declined"] = str(refused)
 
-    anyio.run(scenario)
+async def _two_agent_runs(toolset: MCPToolset, tool: str) -> dict[str, str]:
+    """One agent run whose call is approved, one whose call is declined (on every retry)."""
+    outcomes: dict[str, str] = {}
+    # TestModel calls the tool with key pay-yes (seed 0) or pay-no (seed 1)
+    approving = Agent(TestModel(call_tools=[tool], seed=0), toolsets=[toolset])
+    declining = Agent(TestModel(call_tools=[tool], seed=1), toolsets=[toolset])
+    with anyio.fail_after(150):
+        async with toolset:
+            outcomes["approved"] = (await approving.run("Pay the invoice")).output
+            try:
+                await declining.run("Pay the other invoice")
+            except UnexpectedModelBehavior as refused:  # the agent retried, refused again
+                outcomes["declined"] = str(refused)
+    return outcomes
+
+
+def test_pydantic_ai_approval_handler_is_asked_and_its_answer_decides(
+    fleet: tuple[str, str, Path], client: SkillClient, tmp_path: Path
+) -> None:
+    broker, catalogue, log = fleet
+    asked: list[str] = []
+    toolset = _pydantic_ai_toolset(broker, catalogue, tmp_path / "serve.log", asked)
+
+    outcomes = anyio.run(_two_agent_runs, toolset, _tool_name(catalogue))
 
     # The handler was asked, with the skill, the tool and the arguments
     assert asked, (tmp_path / "serve.log").read_text()
@@ -154,6 +164,10 @@ def test_pydantic_ai_approval_handler_is_asked_and_its_answer_decides(
         assert decision.digest == record.digest, decision
 
 
+#: The answer the hand-driven client sends: accept.
+ACCEPT = {"approval": types.ElicitResult(action="accept", content={})}
+
+
 async def _input_required(session: ClientSession, tool: str, key: str, log: Path) -> Any:
     """Call the tool at 2026-07-28 and return the ``input_required`` answer it gets."""
     answer = await session.call_tool(
@@ -163,62 +177,59 @@ async def _input_required(session: ClientSession, tool: str, key: str, log: Path
     return answer
 
 
+async def _refused(session: ClientSession, tool: str, arguments: dict[str, Any], state: str) -> str:
+    """The error a call sent again with ``state`` gets: it must be refused."""
+    with pytest.raises(MCPError) as error:
+        await session.call_tool(tool, arguments, input_responses=dict(ACCEPT), request_state=state)
+    return str(error.value)
+
+
+async def _tampering(url: str, tool: str, log: Path, client: SkillClient) -> dict[str, Any]:
+    """Two parked calls; a changed state, a state moved to the other call, then the genuine one."""
+    outcome: dict[str, Any] = {}
+    async with (
+        httpx2.AsyncClient() as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(
+            read,
+            write,
+            elicitation_callback=_never_called,
+            client_info=types.Implementation(name=CLIENT_NAME, version="1"),
+        ) as session,
+    ):
+        with anyio.fail_after(150):
+            outcome["versions"] = (await session.discover()).supported_versions
+            yes = await _input_required(session, tool, "pay-yes", log)
+            outcome["questions"] = [yes, await _input_required(session, tool, "pay-no", log)]
+            state = yes.request_state
+            # When a state with one character changed comes back, it is refused
+            flipped = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
+            paying = {"log": str(log), "key": "pay-yes"}
+            outcome["refusals"] = [await _refused(session, tool, paying, flipped)]
+            # ... and so is the state of one call sent with another call's arguments
+            other = {"log": str(log), "key": "pay-no"}
+            outcome["refusals"].append(await _refused(session, tool, other, state))
+            outcome["pending"] = await anyio.to_thread.run_sync(client.approvals.pending)
+            # The genuine state, with the call it was given for, approves and runs
+            outcome["done"] = await session.call_tool(
+                tool, paying, input_responses=dict(ACCEPT), request_state=state
+            )
+    return outcome
+
+
 def test_a_tampered_or_moved_request_state_is_refused_and_decides_nothing(
     fleet: tuple[str, str, Path], client: SkillClient, tmp_path: Path
 ) -> None:
     # Given the SDK's client at MCP 2026-07-28 over HTTP, driving the retries by hand
     broker, catalogue, log = fleet
-    tool = _tool_name(catalogue)
     env = serve_env(broker, CLEVERAGENTS_CATALOGUE=catalogue)
-    accept = {"approval": types.ElicitResult(action="accept", content={})}
-    refusals: list[str] = []
-    outcome: dict[str, Any] = {}
-
-    async def refused(session: ClientSession, arguments: dict[str, Any], state: str) -> None:
-        with pytest.raises(MCPError) as error:
-            await session.call_tool(
-                tool, arguments, input_responses=dict(accept), request_state=state
-            )
-        refusals.append(str(error.value))
-
-    async def scenario(url: str) -> None:
-        async with (
-            httpx2.AsyncClient() as http,
-            streamable_http_client(url, http_client=http) as (read, write),
-            ClientSession(
-                read,
-                write,
-                elicitation_callback=_never_called,
-                client_info=types.Implementation(name=CLIENT_NAME, version="1"),
-            ) as session,
-        ):
-            with anyio.fail_after(150):
-                outcome["versions"] = (await session.discover()).supported_versions
-                yes = await _input_required(session, tool, "pay-yes", log)
-                no = await _input_required(session, tool, "pay-no", log)
-                outcome["questions"] = [yes, no]
-                state = yes.request_state
-                # When a state with one character changed comes back, it is refused
-                flipped = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
-                await refused(session, {"log": str(log), "key": "pay-yes"}, flipped)
-                # ... and so is the state of one call sent with another call's arguments
-                await refused(session, {"log": str(log), "key": "pay-no"}, state)
-                outcome["pending"] = await anyio.to_thread.run_sync(client.approvals.pending)
-                # The genuine state, with the call it was given for, approves and runs
-                outcome["done"] = await session.call_tool(
-                    tool,
-                    {"log": str(log), "key": "pay-yes"},
-                    input_responses=dict(accept),
-                    request_state=state,
-                )
-
     with http_server(env, tmp_path / "serve.log", "--allow-writes", "--approve-over-mcp") as server:
-        anyio.run(scenario, server.url)
+        outcome = anyio.run(_tampering, server.url, _tool_name(catalogue), log, client)
         serve_log = server.log_text()
 
     assert "2026-07-28" in outcome["versions"]
     # Then both were refused before anything was decided: both calls still parked, none ran
-    assert len(refusals) == 2, refusals
+    assert len(outcome["refusals"]) == 2, outcome["refusals"]
     assert serve_log.count("request state refused") == 2, serve_log
     parked = {p.body["arguments"]["key"]: p.request_id for p in outcome["pending"]}
     assert set(parked) == {"pay-yes", "pay-no"}, parked

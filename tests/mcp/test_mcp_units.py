@@ -127,6 +127,7 @@ def test_without_allow_writes_a_write_call_never_reaches_the_client(table: ToolT
 
     answer = anyio.run(tools.call_tool, cast(Any, None), params)
 
+    assert isinstance(answer, types.CallToolResult)
     assert answer.is_error is True
 
 
@@ -255,7 +256,9 @@ class _Context:
 
 def _call(tools: FleetTools, name: str) -> types.CallToolResult:
     params = types.CallToolRequestParams(name=name, arguments={"text": "a b"})
-    return anyio.run(tools.call_tool, cast(Any, _Context()), params)
+    answer = anyio.run(tools.call_tool, cast(Any, _Context()), params)
+    assert isinstance(answer, types.CallToolResult)
+    return answer
 
 
 def test_an_invocation_revoked_elsewhere_ends_the_call_with_an_error(table: ToolTable) -> None:
@@ -280,6 +283,7 @@ def test_a_waiting_call_reports_queued_then_running(table: ToolTable) -> None:
 
     answer = anyio.run(tools.call_tool, cast(Any, context), params)
 
+    assert isinstance(answer, types.CallToolResult)
     assert answer.structured_content == {"words": 2}
     assert [m for _, _, m in context.session.progress] == ["queued", "running", "running"]
 
