@@ -113,6 +113,7 @@ def _pydantic_ai_toolset(
         transport,
         elicitation_handler=approval_handler,
         client_info=types.Implementation(name=CLIENT_NAME, version="1.0"),
+        init_timeout=60,  # the server's start, on a loaded machine (the default is 5 s)
     )
 
 
