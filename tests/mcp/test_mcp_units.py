@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
 import pytest
-from mcp import types
+from mcp import ClientSession, types
+from mcp.shared.memory import create_client_server_memory_streams
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from cleveragents.client import SkillClient
 from cleveragents.errors import ConfigurationError
@@ -19,6 +23,7 @@ from cleveragents.mcp import (
     BearerGuard,
     FleetTools,
     ToolTable,
+    build_server,
     call_result,
     check_http_options,
     is_loopback,
@@ -452,3 +457,49 @@ def test_the_result_tool_says_each_state_and_never_to_retry() -> None:
     assert bad_lookup({"request_id": "r-3"}) is None
     assert bad_lookup({}) is not None
     assert bad_lookup({"request_id": 3}) is not None
+
+
+@asynccontextmanager
+async def _connected(server: Any) -> AsyncIterator[ClientSession]:
+    """A client session on ``server`` run in this process, over memory streams."""
+    async with (
+        create_client_server_memory_streams() as (client, served),
+        anyio.create_task_group() as running,
+    ):
+        running.start_soon(
+            lambda: server.run(served[0], served[1], server.create_initialization_options())
+        )
+        async with ClientSession(client[0], client[1]) as session:
+            yield session
+        running.cancel_scope.cancel()
+
+
+async def _protocol_versions(server: Any) -> tuple[list[str], list[str]]:
+    """What the server answers ``initialize`` at each handshake revision, then ``discover``."""
+    agreed: list[str] = []
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        async with _connected(server) as session:
+            asked = types.InitializeRequest(
+                params=types.InitializeRequestParams(
+                    protocol_version=version,
+                    capabilities=types.ClientCapabilities(),
+                    client_info=types.Implementation(name="raw", version="0"),
+                )
+            )
+            answer = await session.send_request(asked, types.InitializeResult)
+            agreed.append(answer.protocol_version)
+    async with _connected(server) as session:
+        discovered = (await session.discover()).supported_versions
+    return agreed, discovered
+
+
+def test_the_server_speaks_every_revision_current_clients_speak(table: ToolTable) -> None:
+    server = build_server(FleetTools(table, cast(SkillClient, _NoQueue())))
+
+    agreed, discovered = anyio.run(_protocol_versions, server)
+
+    # initialize up to 2025-11-25, each at its own revision; server/discover for 2026-07-28
+    assert agreed == list(HANDSHAKE_PROTOCOL_VERSIONS)
+    assert "2024-11-05" in agreed
+    assert "2025-11-25" in agreed
+    assert "2026-07-28" in discovered
