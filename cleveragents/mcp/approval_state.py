@@ -31,8 +31,8 @@ from cleveragents.errors import CleverAgentsError
 
 __all__ = ["STATE_TTL_S", "ApprovalState", "StateRefused", "StateSeal"]
 
-#: How long a sealed state may come back: an answer after that asks again (the invocation
-#: stays parked until its own approval expiry, whatever the state's).
+#: How long a sealed state may come back: an answer after that is refused and decides
+#: nothing (the invocation stays parked for a person until its own approval expiry).
 STATE_TTL_S = 3600.0
 #: The format, under the seal: a state of another format never verifies.
 _VERSION = "v1"
