@@ -5,6 +5,9 @@
 - ``call_results``: ``SkillResult`` to ``CallToolResult``.
 - ``server``: the ``tools/list`` and ``tools/call`` handlers; calls run as invocations
   on the queue (``SkillClient``).
+- ``approval_prompt``: asking the client about a parked call (``--approve-over-mcp``);
+  ``approval_state``: the sealed ``requestState`` of a question asked in an
+  ``input_required`` result (MCP 2026-07-28).
 - ``http``: the streamable-HTTP endpoint's bearer-token guard and host rules.
 - ``serve``: the command's body (catalogue, embedded local worker, transports, signals).
 - ``stdio``: stdin lines read on the event loop, so a stopped server stops at once.

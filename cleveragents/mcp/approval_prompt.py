@@ -4,10 +4,17 @@ An elicitation answer is the client program's word, not a person's: any program
 that talks to the server can answer its own question, so ``mcp serve`` asks only
 when its operator opted in with ``--approve-over-mcp``. Then, when a call's
 invocation is parked for approval and the client declared the elicitation
-capability, ``Approver`` sends one form question naming the skill, the tool and
-the arguments; accept approves the digest of exactly those arguments, decline or
-cancel rejects, recorded as ``by: mcp-client:<client name>`` (docs/mcp.md,
-"Approvals over MCP").
+capability (form mode), it is asked one form question naming the skill, the tool
+and the arguments; accept approves the digest of exactly those arguments, decline
+or cancel rejects, recorded as ``by: mcp-client:<client name>`` (docs/mcp.md,
+"Approvals over MCP"). How it is asked depends on the client's protocol revision:
+
+- up to 2025-11-25, ``Approver.ask`` sends an ``elicitation/create`` request during
+  the call and waits for the answer;
+- from 2026-07-28, where a server may not send a request during a call, the call
+  answers ``input_required`` (``question_result``): the same question, and a sealed
+  ``requestState`` (``approval_state``); the client calls again with the answer
+  (``answer_of``) and the state, and ``Approver.decide`` records it.
 """
 
 from __future__ import annotations
@@ -24,17 +31,22 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from cleveragents.approvals import ApprovalError
 from cleveragents.client import SkillClient
+from cleveragents.mcp.call_results import META_REQUEST_ID
 from cleveragents.mcp.naming import ToolRoute
 from cleveragents.pipeline.binding import request_digest
 from cleveragents.runtime.request import SkillInvocationRequest
 
 __all__ = [
     "BY_PREFIX",
+    "INPUT_KEY",
     "Approver",
+    "answer_of",
+    "asks_in_result",
     "can_elicit",
     "client_name",
     "decided_by",
     "question",
+    "question_result",
     "why_not_asked",
 ]
 
@@ -54,6 +66,8 @@ REASON_SCHEMA: dict[str, Any] = {
         }
     },
 }
+#: The key of the approval question in an ``input_required`` result's ``inputRequests``.
+INPUT_KEY = "approval"
 #: The longest JSON of the arguments a question shows (``approvals show`` shows them all).
 MAX_ARGUMENTS_CHARS = 4000
 #: The reason of a rejection the person gave none for.
@@ -65,7 +79,9 @@ def why_not_asked(session: ServerSession, *, approve_over_mcp: bool) -> str | No
 
     The capability is read however the client's protocol revision declares it: in
     ``initialize`` (up to 2025-11-25), or in each request's ``_meta`` clientCapabilities
-    (2026-07-28); the SDK records either as the session's ``client_capabilities``.
+    (2026-07-28); the SDK records either as the session's ``client_capabilities``. A
+    2026-07-28 client is asked in the call's result (``input_required``), which needs no
+    channel back to it.
     """
     if not approve_over_mcp:
         return (
@@ -79,15 +95,19 @@ def why_not_asked(session: ServerSession, *, approve_over_mcp: bool) -> str | No
     # An empty capability (MCP 2025-06-18) means form mode; a URL-only client has no form.
     if elicitation.form is None and elicitation.url is not None:
         return "the client declared URL-mode elicitation only, and the question is a form"
-    if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return (
-            f"the client speaks MCP {session.protocol_version}, where a server may not send "
-            "it a question during a call (this server does not ask through input_required "
-            "results)"
-        )
+    if asks_in_result(session):
+        return None
     if not session.can_send_request:
         return "the transport has no channel back to the client"
     return None
+
+
+def asks_in_result(session: ServerSession) -> bool:
+    """Whether the question goes in the call's ``input_required`` result (MCP 2026-07-28).
+
+    Otherwise it is an ``elicitation/create`` request sent during the call.
+    """
+    return session.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
 def can_elicit(session: ServerSession) -> bool:
@@ -126,10 +146,44 @@ def question(route: ToolRoute, request: SkillInvocationRequest) -> str:
     )
 
 
+def question_result(
+    route: ToolRoute, request: SkillInvocationRequest, state: str
+) -> types.InputRequiredResult:
+    """The ``input_required`` answer of a parked call: the question, and the sealed ``state``.
+
+    ``_meta`` names the invocation (``cleveragents/request_id``), as every answer of a call does.
+    """
+    ask = types.ElicitRequest(
+        params=types.ElicitRequestFormParams(
+            message=question(route, request), requested_schema=REASON_SCHEMA
+        )
+    )
+    return types.InputRequiredResult(
+        input_requests={INPUT_KEY: ask},
+        request_state=state,
+        _meta={META_REQUEST_ID: request.request_id},
+    )
+
+
+def answer_of(responses: dict[str, Any] | None) -> types.ElicitResult | None:
+    """The client's answer to the approval question in a call's ``inputResponses``, if any."""
+    answer = (responses or {}).get(INPUT_KEY)
+    if isinstance(answer, types.ElicitResult):
+        return answer
+    if isinstance(answer, dict):  # the SDK's union may keep an answer it could not place
+        try:
+            return types.ElicitResult.model_validate(answer)
+        except ValueError:
+            return None
+    return None
+
+
 class Approver:
     """Asks the client about one parked invocation, and records its answer as the decision.
 
-    Built only when the operator opted in (``--approve-over-mcp``).
+    Built only when the operator opted in (``--approve-over-mcp``). ``ask`` asks during
+    the call (up to MCP 2025-11-25); ``decide`` records an answer however it came (from
+    2026-07-28, with the call sent again after an ``input_required`` result).
 
     ``failed`` turns true when the question could not be asked or the answer not
     recorded (the call then answers with ``awaiting_result``). A decision taken
@@ -167,9 +221,10 @@ class Approver:
             )
             self.failed = True
             return
-        await self._decide(answer)
+        await self.decide(answer)
 
-    async def _decide(self, answer: types.ElicitResult) -> None:
+    async def decide(self, answer: types.ElicitResult) -> None:
+        """Approve (accept) or reject (decline, cancel) as the client answered."""
         request_id = self.request.request_id
         by = decided_by(self.ctx.session)
         said = answer.content.get("reason") if answer.content else None

@@ -17,19 +17,22 @@ person approves it (``awaiting_result``) and the invocation stays parked: an
 elicitation answer is the client program's word, not a person's, so the client
 is asked (``Approver``: accept approves, decline or cancel rejects, ``by:
 mcp-client:<client name>``) only when the operator opted in with
-``--approve-over-mcp`` and the client declared elicitation; when the question
-cannot be asked or the answer not recorded here, the call answers the same way
-(and says why the client was not asked). Agent frameworks retry error results: an
-identical call from the same session while its invocation is parked joins it (same
-request id) instead of parking another, and ``cleveragents__result`` (listed after
-the catalogue) tells what became of a request.
+``--approve-over-mcp`` and the client declared elicitation: during the call (up to
+MCP 2025-11-25), or, from 2026-07-28, in the call's ``input_required`` result with
+a sealed ``requestState`` (``StateSeal``), the answer coming with the call sent
+again. When the question cannot be asked or the answer not recorded here, the call
+answers the same way (and says why the client was not asked). Agent frameworks
+retry error results: an identical call from the same session while its invocation
+is parked joins it (same request id) instead of parking another, and
+``cleveragents__result`` (listed after the catalogue) tells what became of a request.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import anyio
 from anyio.abc import TaskGroup
@@ -43,7 +46,14 @@ from cleveragents import __version__
 from cleveragents.client import SkillClient
 from cleveragents.constants import STATE_AWAITING_APPROVAL
 from cleveragents.errors import SchemaValidationError, SkillErrorType
-from cleveragents.mcp.approval_prompt import Approver, why_not_asked
+from cleveragents.mcp.approval_prompt import (
+    Approver,
+    answer_of,
+    asks_in_result,
+    question_result,
+    why_not_asked,
+)
+from cleveragents.mcp.approval_state import StateRefused, StateSeal
 from cleveragents.mcp.call_results import (
     AWAITING,
     RESULT_TOOL,
@@ -91,6 +101,30 @@ def _describe(state: str) -> str:
     return state.lower()
 
 
+#: What a call's wait ends with: the invocation's result, or an answer of the server's own.
+_Outcome = SkillResult | types.CallToolResult | types.InputRequiredResult
+
+
+@dataclass
+class _Call:
+    """One call being waited for: what ``_poll`` and ``_ask`` need of it."""
+
+    ctx: ServerRequestContext[Any, Any]
+    route: ToolRoute
+    request: SkillInvocationRequest
+    #: Where a question sent during the call runs, withdrawn when the call ends.
+    asking: TaskGroup
+    #: Set once the client is asked (or was, when its answer came with this call).
+    approver: Approver | None = None
+
+
+def _parked(answer: types.CallToolResult | types.InputRequiredResult) -> bool:
+    """Whether the call answered while its invocation stays parked (asked, or told so)."""
+    if isinstance(answer, types.InputRequiredResult):
+        return True
+    return (answer.structured_content or {}).get("state") == AWAITING
+
+
 class FleetTools:
     """The ``tools/list`` and ``tools/call`` handlers: the catalogue, run through the queue."""
 
@@ -102,6 +136,7 @@ class FleetTools:
         allow_writes: bool = False,
         approve_over_mcp: bool = False,
         progress_interval_s: float = PROGRESS_INTERVAL_S,
+        seal: StateSeal | None = None,
     ) -> None:
         self.table = table
         self.client = client
@@ -109,6 +144,9 @@ class FleetTools:
         #: Whether a client's elicitation answer may decide a parked call (the operator's opt-in).
         self.approve_over_mcp = approve_over_mcp
         self.progress_interval_s = progress_interval_s
+        #: Seals the requestState of questions asked in input_required results (a secret
+        #: of this process: a state from before a restart, or from another server, is refused).
+        self.seal = seal if seal is not None else StateSeal()
         served = [tool for tool in table.tools if tool["name"] != RESULT_TOOL]
         if len(served) < len(table.tools):
             log.warning("a catalogue tool named %s is not served: the name is the server's own",
@@ -127,7 +165,7 @@ class FleetTools:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         """Run one call as an invocation on the fleet and answer with its result."""
         if params.name == RESULT_TOOL:
             return await self._lookup(params.arguments or {})
@@ -147,6 +185,8 @@ class FleetTools:
         except SchemaValidationError as exc:
             kind = SkillErrorType.VALIDATION_ERROR
             return call_result(failed_result(route.skill, route.tool, kind, str(exc)), None)
+        if params.request_state is not None:
+            return await self._answered(ctx, route, request, params)
         # The trace the call's _meta names (traceparent, tracestate): the invocation joins it
         trace = carrier_of(params.meta or {})
         parked_key = self._parked_key(ctx, request)
@@ -156,12 +196,50 @@ class FleetTools:
                      route.name, joined)
             request = request.model_copy(update={"request_id": joined})
         outcome = await self._run(ctx, route, request, trace, send=joined is None)
-        if isinstance(outcome, types.CallToolResult):
-            structured = outcome.structured_content or {}
-            if parked_key is not None and structured.get("state") == AWAITING:
-                self._parked[parked_key] = request.request_id
-            return outcome
-        return call_result(outcome, request.request_id)
+        if isinstance(outcome, SkillResult):
+            return call_result(outcome, request.request_id)
+        if parked_key is not None and _parked(outcome):
+            self._parked[parked_key] = request.request_id
+        return outcome
+
+    async def _answered(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        route: ToolRoute,
+        request: SkillInvocationRequest,
+        params: types.CallToolRequestParams,
+    ) -> types.CallToolResult:
+        """A call sent again with the answer to its approval question (MCP 2026-07-28).
+
+        The state must be one this server sealed for this very call (tool and arguments):
+        otherwise nothing is decided and the call is refused.
+        """
+        try:
+            state = self.seal.open(
+                params.request_state or "", digest=request_digest(request), tool=route.name
+            )
+        except StateRefused as exc:
+            log.warning("call %s: request state refused (%s); nothing was decided",
+                        route.name, exc)
+            raise MCPError(
+                INVALID_PARAMS,
+                "invalid or expired requestState: nothing was decided; call the tool again "
+                "without it",
+            ) from None
+        request = request.model_copy(update={"request_id": state.request_id})
+        answer = answer_of(params.input_responses)
+        if answer is None:
+            raise MCPError(INVALID_PARAMS, "requestState came without an answer to the "
+                           "approval question (inputResponses.approval): nothing was decided")
+        approver = Approver(ctx, self.client, route, request)
+        await approver.decide(answer)
+        if approver.failed:
+            return awaiting_result(route, request.request_id, "the client's answer could not "
+                                   "be recorded (the log says why)")
+        outcome = await self._run(ctx, route, request, send=False, approver=approver)
+        if isinstance(outcome, SkillResult):
+            return call_result(outcome, request.request_id)
+        return cast(types.CallToolResult, outcome)  # asked already: never input_required
 
     async def _lookup(self, arguments: dict[str, Any]) -> types.CallToolResult:
         """``cleveragents__result``: the outcome of the invocation ``request_id`` names."""
@@ -214,30 +292,36 @@ class FleetTools:
         trace: dict[str, str] | None = None,
         *,
         send: bool = True,
-    ) -> SkillResult | types.CallToolResult:
+        approver: Approver | None = None,
+    ) -> _Outcome:
         try:
             if send:
                 await anyio.to_thread.run_sync(
                     lambda: self.client.send(request, skip_if_done=False, trace=trace)
                 )
                 log.info("call %s: invocation %s sent", route.name, request.request_id)
-            return await self._wait(ctx, route, request)
+            return await self._wait(ctx, route, request, approver)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.cancel, route, request.request_id)
             raise
 
     async def _wait(
-        self, ctx: ServerRequestContext[Any, Any], route: ToolRoute, request: SkillInvocationRequest
-    ) -> SkillResult | types.CallToolResult:
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        route: ToolRoute,
+        request: SkillInvocationRequest,
+        approver: Approver | None,
+    ) -> _Outcome:
         """The invocation's result; the person is asked meanwhile if it awaits approval.
 
+        ``approver``: the client was asked already (its answer came with this call).
         A question still open when the call ends (decided elsewhere, expired) is withdrawn.
         """
-        outcome: SkillResult | types.CallToolResult | Exception
+        outcome: _Outcome | Exception
         async with anyio.create_task_group() as asking:
             try:
-                outcome = await self._poll(ctx, route, request, asking)
+                outcome = await self._poll(_Call(ctx, route, request, asking, approver))
             except Exception as exc:  # raised as it is below, not inside an exception group
                 outcome = exc
             asking.cancel_scope.cancel()
@@ -245,57 +329,61 @@ class FleetTools:
             raise outcome
         return outcome
 
-    async def _poll(
-        self,
-        ctx: ServerRequestContext[Any, Any],
-        route: ToolRoute,
-        request: SkillInvocationRequest,
-        asking: TaskGroup,
-    ) -> SkillResult | types.CallToolResult:
-        request_id = request.request_id
+    async def _poll(self, call: _Call) -> _Outcome:
+        request_id = call.request.request_id
         started = time.monotonic()
         next_report = started + self.progress_interval_s
         pause = FIRST_POLL_S
-        approver: Approver | None = None
         while True:
             found = await anyio.to_thread.run_sync(
                 self.client.get, request_id, abandon_on_cancel=True
             )
             if found is not None:
                 return found
-            if approver is not None and approver.failed:
-                return awaiting_result(route, request_id, "the question could not be asked or "
-                                       "its answer not recorded (the log says why)")
+            if call.approver is not None and call.approver.failed:
+                return awaiting_result(call.route, request_id, "the question could not be "
+                                       "asked or its answer not recorded (the log says why)")
             if time.monotonic() >= next_report:
                 state = await anyio.to_thread.run_sync(
                     self.client.state, request_id, abandon_on_cancel=True
                 )
                 if state == "REVOKED":
-                    return revoked_result(route, request_id)
-                if state == STATE_AWAITING_APPROVAL and approver is None:
-                    why = self._not_asking(ctx)
-                    if why is not None:
-                        log.info(
-                            "call %s: invocation %s awaits a person's approval; the client is "
-                            "not asked: %s",
-                            route.name,
-                            request_id,
-                            why,
-                        )
-                        return awaiting_result(route, request_id, why)
-                    approver = Approver(ctx, self.client, route, request)
-                    asking.start_soon(approver.ask)
+                    return revoked_result(call.route, request_id)
+                if state == STATE_AWAITING_APPROVAL and call.approver is None:
+                    answer = self._ask(call)
+                    if answer is not None:
+                        return answer
                 # A no-op unless the client sent a progressToken with its call.
-                await ctx.session.report_progress(
+                await call.ctx.session.report_progress(
                     round(time.monotonic() - started, 3), None, _describe(state)
                 )
                 next_report = time.monotonic() + self.progress_interval_s
             await anyio.sleep(pause)
             pause = min(pause * 1.5, MAX_POLL_S)
 
-    def _not_asking(self, ctx: ServerRequestContext[Any, Any]) -> str | None:
-        """Why the client is not asked to decide a parked call, or None when it is."""
-        return why_not_asked(ctx.session, approve_over_mcp=self.approve_over_mcp)
+    def _ask(self, call: _Call) -> types.CallToolResult | types.InputRequiredResult | None:
+        """Ask the client about the call's parked invocation, or answer why it is not asked.
+
+        None: the question was sent during the call (``call.approver`` asks it), and the
+        call waits on. Otherwise the call answers now: with the question (``input_required``,
+        MCP 2026-07-28), or with how a person approves it.
+        """
+        route, request, session = call.route, call.request, call.ctx.session
+        why = why_not_asked(session, approve_over_mcp=self.approve_over_mcp)
+        if why is not None:
+            log.info("call %s: invocation %s awaits a person's approval; the client is not "
+                     "asked: %s", route.name, request.request_id, why)
+            return awaiting_result(route, request.request_id, why)
+        if asks_in_result(session):
+            log.info("call %s: invocation %s awaits approval; asking the client in an "
+                     "input_required result", route.name, request.request_id)
+            state = self.seal.seal(
+                request_id=request.request_id, digest=request_digest(request), tool=route.name
+            )
+            return question_result(route, request, state)
+        call.approver = Approver(call.ctx, self.client, route, request)
+        call.asking.start_soon(call.approver.ask)
+        return None
 
     def cancel(self, route: ToolRoute, request_id: str) -> None:
         """Revoke a cancelled call's invocation: stop a read, never a running write."""

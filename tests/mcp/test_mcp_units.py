@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
 import pytest
-from mcp import types
+from mcp import ClientSession, types
+from mcp.shared.memory import create_client_server_memory_streams
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from cleveragents.client import SkillClient
 from cleveragents.errors import ConfigurationError
@@ -19,11 +23,12 @@ from cleveragents.mcp import (
     BearerGuard,
     FleetTools,
     ToolTable,
+    build_server,
     call_result,
     check_http_options,
     is_loopback,
 )
-from cleveragents.mcp.approval_prompt import why_not_asked
+from cleveragents.mcp.approval_prompt import asks_in_result, why_not_asked
 from cleveragents.mcp.call_results import writes_refused
 from cleveragents.mcp.result_tool import bad_lookup, outcome_of
 from cleveragents.mcp.stdio import PipeLines, pipe_lines
@@ -127,6 +132,7 @@ def test_without_allow_writes_a_write_call_never_reaches_the_client(table: ToolT
 
     answer = anyio.run(tools.call_tool, cast(Any, None), params)
 
+    assert isinstance(answer, types.CallToolResult)
     assert answer.is_error is True
 
 
@@ -255,7 +261,9 @@ class _Context:
 
 def _call(tools: FleetTools, name: str) -> types.CallToolResult:
     params = types.CallToolRequestParams(name=name, arguments={"text": "a b"})
-    return anyio.run(tools.call_tool, cast(Any, _Context()), params)
+    answer = anyio.run(tools.call_tool, cast(Any, _Context()), params)
+    assert isinstance(answer, types.CallToolResult)
+    return answer
 
 
 def test_an_invocation_revoked_elsewhere_ends_the_call_with_an_error(table: ToolTable) -> None:
@@ -280,6 +288,7 @@ def test_a_waiting_call_reports_queued_then_running(table: ToolTable) -> None:
 
     answer = anyio.run(tools.call_tool, cast(Any, context), params)
 
+    assert isinstance(answer, types.CallToolResult)
     assert answer.structured_content == {"words": 2}
     assert [m for _, _, m in context.session.progress] == ["queued", "running", "running"]
 
@@ -412,12 +421,15 @@ def test_why_a_client_is_not_asked_is_said_for_each_case() -> None:
     modern = _session({"elicitation": {"form": {}, "url": {}}}, "2026-07-28", False)
     # Then without the operator's opt-in, that is the reason, whatever the client declared
     assert "--approve-over-mcp" in (why_not_asked(modern, approve_over_mcp=False) or "")
-    # ... and with it, the capability is recognised: the revision is why it is not asked
-    why = why_not_asked(modern, approve_over_mcp=True) or ""
-    assert "2026-07-28" in why, why
-    assert "did not declare" not in why, why
+    # ... and with it, the capability is recognised and it is asked (in an input_required
+    # result, which needs no channel back to the client)
+    assert why_not_asked(modern, approve_over_mcp=True) is None
+    assert asks_in_result(modern)
+    modern_none = _session({}, "2026-07-28", False)
+    assert "did not declare" in (why_not_asked(modern_none, approve_over_mcp=True) or "")
     handshake = _session({"elicitation": {}}, "2025-11-25", True)
     assert why_not_asked(handshake, approve_over_mcp=True) is None
+    assert not asks_in_result(handshake)
     none = why_not_asked(_session(None, "2025-11-25", True), approve_over_mcp=True)
     assert none == "the client did not declare the elicitation capability"
     url_only = _session({"elicitation": {"url": {}}}, "2025-11-25", True)
@@ -445,3 +457,49 @@ def test_the_result_tool_says_each_state_and_never_to_retry() -> None:
     assert bad_lookup({"request_id": "r-3"}) is None
     assert bad_lookup({}) is not None
     assert bad_lookup({"request_id": 3}) is not None
+
+
+@asynccontextmanager
+async def _connected(server: Any) -> AsyncIterator[ClientSession]:
+    """A client session on ``server`` run in this process, over memory streams."""
+    async with (
+        create_client_server_memory_streams() as (client, served),
+        anyio.create_task_group() as running,
+    ):
+        running.start_soon(
+            lambda: server.run(served[0], served[1], server.create_initialization_options())
+        )
+        async with ClientSession(client[0], client[1]) as session:
+            yield session
+        running.cancel_scope.cancel()
+
+
+async def _protocol_versions(server: Any) -> tuple[list[str], list[str]]:
+    """What the server answers ``initialize`` at each handshake revision, then ``discover``."""
+    agreed: list[str] = []
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        async with _connected(server) as session:
+            asked = types.InitializeRequest(
+                params=types.InitializeRequestParams(
+                    protocol_version=version,
+                    capabilities=types.ClientCapabilities(),
+                    client_info=types.Implementation(name="raw", version="0"),
+                )
+            )
+            answer = await session.send_request(asked, types.InitializeResult)
+            agreed.append(answer.protocol_version)
+    async with _connected(server) as session:
+        discovered = (await session.discover()).supported_versions
+    return agreed, discovered
+
+
+def test_the_server_speaks_every_revision_current_clients_speak(table: ToolTable) -> None:
+    server = build_server(FleetTools(table, cast(SkillClient, _NoQueue())))
+
+    agreed, discovered = anyio.run(_protocol_versions, server)
+
+    # initialize up to 2025-11-25, each at its own revision; server/discover for 2026-07-28
+    assert agreed == list(HANDSHAKE_PROTOCOL_VERSIONS)
+    assert "2024-11-05" in agreed
+    assert "2025-11-25" in agreed
+    assert "2026-07-28" in discovered
