@@ -93,6 +93,14 @@ PER_INVOCATION = (
     "cleveragents:cancel:",
     "cleveragents:batch:",
 )
+EVENTS = (
+    "kill -9 worker",
+    "kill -9 pool process",
+    "SIGSTOP worker",
+    "SIGTERM worker",
+    "kill -9 redis",
+    "drop rabbitmq connections",
+)
 KINDS = ("read", "slow read", "write", "idempotent write", "invalid", "command")
 WEIGHTS = (40, 5, 20, 15, 10, 10)
 
@@ -244,16 +252,10 @@ class Soak:
 
     # ---- chaos
     def chaos(self) -> None:
-        events = [
-            "kill -9 worker",
-            "kill -9 pool process",
-            "SIGSTOP worker",
-            "SIGTERM worker",
-            "kill -9 redis",
-        ]
-        if self.r.broker is not None:
-            events.append("drop rabbitmq connections")
-        while not self.stop.wait(self.args.chaos_every):
+        events = [event for event in EVENTS if event in self.args.events]
+        if self.r.broker is None and "drop rabbitmq connections" in events:
+            events.remove("drop rabbitmq connections")
+        while events and not self.stop.wait(self.args.chaos_every):
             self.chaos_event(self.rng.choice(events))
 
     def chaos_event(self, event: str) -> None:
@@ -614,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chaos-every", type=float, default=20.0, help="seconds (20)")
     parser.add_argument(
         "--stop-scale", type=float, default=1.0, help="SIGSTOP lengths times this (1: 10-40 s)"
+    )
+    parser.add_argument(
+        "--events",
+        type=lambda text: [e.strip() for e in text.split(",") if e.strip()],
+        default=list(EVENTS),
+        help="the chaos events to pick from, comma-separated (all of: " + ", ".join(EVENTS) + ")",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

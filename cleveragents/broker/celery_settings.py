@@ -7,6 +7,7 @@ its own app. The folders it names are created by ``embedded.folders.create_folde
 
 from __future__ import annotations
 
+import socket
 import ssl
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -31,18 +32,29 @@ from cleveragents.constants import (
 from cleveragents.embedded.folders import EmbeddedFolders, uses_redis
 from cleveragents.errors import ConfigurationError
 from cleveragents.pipeline.guard import CLAIM_GRACE_S
-from cleveragents.settings import BACKEND_FORMS, BROKER_FORMS, MessageSigning, Settings, shown_url
+from cleveragents.settings import (
+    BACKEND_FORMS,
+    BROKER_FORMS,
+    SENTINEL_SCHEMES,
+    MessageSigning,
+    Settings,
+    shown_url,
+)
 from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
 
 __all__ = [
     "EMBEDDED_SCHEME",
     "EMBEDDED_TRANSPORT",
+    "REDIS_SOCKET_TIMEOUT_S",
     "REDIS_TRANSPORT",
+    "SENTINEL_TRANSPORT",
     "STOCK_VISIBILITY_MARGIN_S",
+    "TCP_KEEPALIVE",
     "broker_of",
     "celery_settings",
     "consumer_transport",
     "fallback_facts",
+    "keepalive_options",
     "longest_hold_s",
     "visibility_timeout_s",
 ]
@@ -53,8 +65,18 @@ EMBEDDED_SCHEME = "cleveragentsfs"
 EMBEDDED_TRANSPORT = "cleveragents.broker.embedded.transport:Transport"
 #: The Redis broker's kombu transport (recovery bounded by liveness), by class path.
 REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
-#: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.
-REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
+#: The same on Redis Sentinel (``sentinel://`` brokers), by class path.
+SENTINEL_TRANSPORT = "cleveragents.broker.redis.sentinel:SentinelTransport"
+#: Broker URL schemes they serve; others (sockets) keep kombu's own.
+REDIS_TRANSPORT_SCHEMES = ("redis", "rediss", *SENTINEL_SCHEMES)
+#: TCP keepalive of every Redis connection a worker or producer opens through kombu
+#: (Linux): an idle connection whose peer vanished (a lost host: no FIN, no RST) is
+#: found dead after 5 s idle plus 3 probes 2 s apart, 11 s; a command in flight on one
+#: fails at ``REDIS_SOCKET_TIMEOUT_S``. docs/guarantees.md states the bound.
+TCP_KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
+#: A Redis command with no reply for this long has lost its connection (no command
+#: the fleet sends blocks longer: an idle consumer's wait is ``fetch.WAIT_S``).
+REDIS_SOCKET_TIMEOUT_S = 10.0
 #: Under kombu's own Redis transport, how far past a live worker's longest hold of a
 #: message the visibility timeout is set (and what covers a chunk's pacing, under 1 s).
 STOCK_VISIBILITY_MARGIN_S = 300.0
@@ -119,6 +141,7 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),
+        **_sentinel_backend(settings),
         **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
@@ -130,9 +153,23 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
 def _default_backend(settings: Settings) -> str:
     # Results go to the broker's Redis; with another broker (RabbitMQ) and no backend
     # configured, to the embedded on-disk store (one machine), as SPEC section 7 says.
-    if uses_redis(settings):
+    if uses_redis(settings) or _scheme(settings.broker_url) in SENTINEL_SCHEMES:
         return settings.broker_url or ""
     return EmbeddedFolders.under(settings.home).results_url
+
+
+def _scheme(url: str | None) -> str:
+    return (url or "").partition("://")[0].lower()
+
+
+def _sentinel_backend(settings: Settings) -> dict[str, Any]:
+    # A sentinel:// result backend (Celery's SentinelBackend) finds its primary under
+    # CLEVERAGENTS_SENTINEL_MASTER; every store uses its client (stores/factory.py), so
+    # they follow the primary with it.
+    backend = settings.result_backend or _default_backend(settings)
+    if _scheme(backend) not in SENTINEL_SCHEMES:
+        return {}
+    return {"result_backend_transport_options": {"master_name": settings.sentinel_master}}
 
 
 def _amqp(settings: Settings) -> dict[str, Any]:
@@ -153,6 +190,8 @@ def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
     options = {"broker_transport_options": _redis_transport_options(settings, producer)}
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
+    if scheme in SENTINEL_SCHEMES:  # kombu's Sentinel channel finds the primary by name
+        options["broker_transport_options"]["master_name"] = settings.sentinel_master
     if scheme not in REDIS_TRANSPORT_SCHEMES:
         return options
     # The transport that hands a dead worker's messages out again is a consumer's
@@ -171,6 +210,8 @@ def consumer_transport(settings: Settings) -> str | None:
     """
     if broker_of(settings) != "redis" or not fits("redis-transport"):
         return None  # outside its kombu series: kombu's own (broker/internals.py)
+    if _scheme(settings.broker_url) in SENTINEL_SCHEMES:
+        return SENTINEL_TRANSPORT
     return REDIS_TRANSPORT
 
 
@@ -258,8 +299,9 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # Find dead connections to Redis before a command hangs on them.
         "health_check_interval": 10,
         "socket_keepalive": True,
-        "socket_timeout": 30,
-        "socket_connect_timeout": 10,
+        "socket_keepalive_options": keepalive_options(),
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": 5,
         # A worker's commands are sent again once when Redis does not answer in time.
         # A producer's are not: kombu batches a publish into one pipeline only on a
         # connection that never sends one again (a pipeline sent twice publishes every
@@ -279,6 +321,16 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # No message priorities are used: one Redis list per queue instead of
         # kombu's four, so a fetch waits on 4 keys, not 16.
         "priority_steps": [0],
+    }
+
+
+def keepalive_options() -> dict[int, int]:
+    """``TCP_KEEPALIVE`` as redis-py's ``socket_keepalive_options`` (the options this
+    system's ``socket`` module has)."""
+    return {
+        getattr(socket, name): value
+        for name, value in TCP_KEEPALIVE.items()
+        if hasattr(socket, name)
     }
 
 
@@ -367,6 +419,10 @@ def _resilience() -> dict[str, Any]:
         "result_backend_max_retries": 20,
         "redis_backend_health_check_interval": 10,
         "redis_socket_keepalive": True,
+        # A result backend's command on a connection whose peer vanished fails after
+        # this, not Celery's 120 s (docs/guarantees.md, half-open connections).
+        "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "redis_socket_connect_timeout": 5,
         "redis_retry_on_timeout": True,
     }
 
