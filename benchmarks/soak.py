@@ -65,7 +65,7 @@ if str(REPO) not in sys.path:
 
 import redis  # noqa: E402
 
-from benchmarks.soak_probes import Probe, bound_s, timeline, timeline_lines  # noqa: E402
+from benchmarks.soak_probes import Probe, bound_s, queued_ahead, timeline, timeline_lines  # noqa: E402
 from cleveragents.skills import SkillResult  # noqa: E402
 from tests.support.fault_rig import (  # noqa: E402
     IDEMPOTENT,
@@ -401,7 +401,12 @@ class Soak:
             return
         probe = max(self.probes, key=lambda p: p.took_s)
         steps = timeline(probe, self.worker_logs(), self.r.records.lines())
-        self.report.slowest_probe = timeline_lines(probe, steps)
+        older, chunks = queued_ahead(probe, self.worker_logs())
+        self.report.slowest_probe = [
+            *timeline_lines(probe, steps),
+            f"  queued ahead of it: {older} invocations sent before it and {chunks} batch "
+            "chunks were received after it was sent and before it",
+        ]
 
     def keep(self, folder: Path) -> None:
         """Copy the worker and Redis logs into ``folder`` (the rig removes its own)."""

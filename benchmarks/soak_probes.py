@@ -17,11 +17,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Probe", "Step", "bound_s", "timeline", "timeline_lines"]
+__all__ = ["Probe", "Step", "bound_s", "queued_ahead", "timeline", "timeline_lines"]
 
 #: Events whose probe also waits out an outage the event makes itself (Redis away,
 #: RabbitMQ's connections dropped): their bound is the recovery time plus that outage.
 OUTAGES = frozenset({"kill -9 redis", "drop rabbitmq connections"})
+_RECEIVED = re.compile(
+    r"^\[([^\]]+?),(\d{3}): INFO/MainProcess\] Task skills\.invoke(_chunk)?\[([^\]]+)\] received"
+)
+_SERIAL = re.compile(r"-(\d{7})$")
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): (\w+)/([^\]]+)\] (.*)$")
 
 
@@ -85,6 +89,45 @@ def timeline(
     if probe.took_s != float("inf"):
         steps.append(Step(probe.sent_at + probe.took_s, "soak", "result seen stored"))
     return sorted(steps, key=lambda step: step.at)
+
+
+def _receipts(logs: dict[str, Path]) -> list[tuple[float, str, bool]]:
+    """Every receipt in the worker logs: (when, task id, a batch chunk's)."""
+    found = []
+    for log in logs.values():
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            match = _RECEIVED.match(line)
+            if match is None:
+                continue
+            day, millis, chunk, task_id = match.groups()
+            at = time.mktime(time.strptime(day, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+            found.append((at, task_id, bool(chunk)))
+    return found
+
+
+def queued_ahead(probe: Probe, logs: dict[str, Path]) -> tuple[int, int]:
+    """What workers received between the probe's sending and its first receipt: how many
+    invocations sent before it (ids carry the soak's serial), and how many batch chunks.
+    A line that long ahead of it is time spent waiting in the queue, not in recovery."""
+    receipts = _receipts(logs)
+    mine = [at for at, task_id, _ in receipts if task_id == probe.request_id]
+    serial = _SERIAL.search(probe.request_id)
+    if not mine or serial is None:
+        return 0, 0
+    older = chunks = 0
+    for at, task_id, chunk in receipts:
+        if not probe.sent_at <= at < min(mine):
+            continue
+        if chunk:
+            chunks += 1
+            continue
+        other = _SERIAL.search(task_id)
+        older += int(other is not None and int(other.group(1)) < int(serial.group(1)))
+    return older, chunks
 
 
 def timeline_lines(probe: Probe, steps: list[Step]) -> list[str]:
