@@ -44,6 +44,7 @@ from cleveragents.stores.redis import (
     RedisMetricStore,
     RedisResultStore,
 )
+from cleveragents.stores.replication import ReplicaWait
 
 __all__ = ["Stores", "audit_secret", "open_stores"]
 
@@ -91,13 +92,20 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
     if isinstance(client, redis.Redis):
         return Stores(
             guard=RedisGuardStore(
-                client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker
+                client,
+                ttl_s=settings.result_expires_s,
+                marks_redeliveries=marks,
+                scripted=worker,
+                replicas=ReplicaWait(settings.replica_wait_ms),
             ),
             results=RedisResultStore(client, backend.get_key_for_task, expires),
             ledger=RedisBatchLedger(client, expires),
             metrics=RedisMetricStore(client),
             approvals=RedisApprovalStore(
-                client, settings.result_expires_s, _fleets(settings, worker)
+                client,
+                settings.result_expires_s,
+                _fleets(settings, worker),
+                ReplicaWait(settings.replica_wait_ms),
             ),
             audit=_sealed(settings, worker, RedisAuditLog(client, *_streams(settings, worker))),
         )

@@ -48,7 +48,10 @@ class SentinelFleet:
         self._server("replica", ["--replicaof", "127.0.0.1", str(self.ports["primary"])])
         for n, port in enumerate(self.sentinel_ports):
             self._sentinel(n, port)
-        wait_until(lambda: self._replicas_seen() >= 1, 20, "the Sentinels to see the replica")
+        replica = redis.Redis(port=self.ports["replica"], socket_timeout=2)
+        wait_until(lambda: _linked(replica), 20, "the replica to sync with the primary")
+        if self.sentinel_ports:
+            wait_until(lambda: self._replicas_seen() >= 1, 20, "the Sentinels to see the replica")
         return self
 
     def _server(self, name: str, extra: list[str]) -> None:
@@ -130,6 +133,13 @@ class SentinelFleet:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _linked(replica: redis.Redis) -> bool:
+    try:
+        return replica.info("replication").get("master_link_status") == "up"
+    except redis.RedisError:
+        return False
+
+
 def _pings(client: redis.Redis) -> bool:
     try:
         return bool(client.ping())
@@ -138,9 +148,9 @@ def _pings(client: redis.Redis) -> bool:
 
 
 @contextlib.contextmanager
-def sentinel_fleet() -> Iterator[SentinelFleet]:
+def sentinel_fleet(*, sentinels: int = 3) -> Iterator[SentinelFleet]:
     """A started ``SentinelFleet``, every process killed by PID at the end."""
-    fleet = SentinelFleet()
+    fleet = SentinelFleet(sentinels=sentinels)
     try:
         yield fleet.start()
     finally:
