@@ -44,7 +44,8 @@ class SentinelFleet:
         return ";".join(f"sentinel://127.0.0.1:{port}/0" for port in self.sentinel_ports)
 
     def start(self) -> SentinelFleet:
-        self._server("primary", [])
+        # A replica's first sync at once (Redis waits 5 s for more replicas by default).
+        self._server("primary", ["--repl-diskless-sync-delay", "0"])
         self._server("replica", ["--replicaof", "127.0.0.1", str(self.ports["primary"])])
         for n, port in enumerate(self.sentinel_ports):
             self._sentinel(n, port)
