@@ -88,11 +88,13 @@ def _client(fleet: SentinelFleet, home: Path) -> SkillClient:
 
 
 def _probe_after_kill(client: SkillClient, records: Records, box: list[float]) -> None:
-    """A write sent as the primary dies; the time its result is stored, into ``box``."""
+    """A write sent as the primary dies, its result awaited as a producer awaits one
+    (Celery's subscription, across the failover); when it came, into ``box``."""
     body = request(WRITE, "probe", records.path)
-    submit(client, body)
-    wait_results(client, ["probe"], 90)
-    box.append(time.monotonic())
+    fields = ("skill", "tool", "arguments", "allow_writes", "request_id")
+    handle = client.submit(client.build_request(**{k: body[k] for k in fields}))
+    if handle.result(timeout=60).success:
+        box.append(time.monotonic())
 
 
 def _write_running(records: Records) -> bool:
