@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cleveragents.client import SkillClient
-from cleveragents.constants import CLAIM_KEY_PREFIX
+from cleveragents.constants import AUDIT_KEY, CLAIM_KEY_PREFIX
 from cleveragents.settings import Settings
 from tests.conftest import worker_env
 from tests.support.fault_rig import (
@@ -146,6 +146,9 @@ def test_a_killed_primary_loses_no_write_and_runs_none_twice(
     print(f"failover {failover_s:.1f} s, first write after the kill stored {recovered_s:.1f} s")
     assert recovered_s <= failover_s + RECOVERY_S + 2, (failover_s, recovered_s)
     # And the stores followed the primary: the claims of writes sent after it are on it
+    # (the guard's claims, the audit trail's events: every store uses the backend's client)
     with fleet.primary() as primary:
         claim = f"{CLAIM_KEY_PREFIX}write:{ids[-1]}"
         assert primary.exists(claim), claim
+        trail = repr(primary.xrange(AUDIT_KEY)).encode()
+        assert ids[-1].encode() in trail, "the last write's audit events are not on it"
