@@ -8,6 +8,7 @@ import click
 import redis
 
 from cleveragents.broker.rabbitmq import RabbitQueues, uses_amqp
+from cleveragents.broker.redis.sentinel import sentinel_client
 from cleveragents.cli.render import CliFailure
 from cleveragents.constants import QUEUE_DEAD
 from cleveragents.metrics.exporter import QUEUES, QueueGauges, metrics_app, render, serve
@@ -18,10 +19,12 @@ __all__ = ["metrics"]
 
 def _redis(settings: Settings) -> Any:
     url = settings.result_backend or settings.broker_url
+    if url and url.startswith("sentinel://"):  # the primary the Sentinels name, each time
+        return sentinel_client(url, settings.sentinel_master, socket_timeout=10)
     if not url or not url.startswith(("redis://", "rediss://", "unix://")):
         raise CliFailure(
-            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL (or, with "
-            "RabbitMQ as the broker, CLEVERAGENTS_RESULT_BACKEND)"
+            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// or sentinel:// URL "
+            "(or, with RabbitMQ as the broker, CLEVERAGENTS_RESULT_BACKEND)"
         )
     return redis.Redis.from_url(url, socket_timeout=10)
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from cleveragents.broker.redis.sentinel import sentinel_client
 from cleveragents.client import SkillClient
 from cleveragents.constants import AUDIT_KEY, CLAIM_KEY_PREFIX
+from cleveragents.metrics.exporter import render
 from cleveragents.settings import Settings
 from tests.conftest import worker_env
 from tests.support.fault_rig import (
@@ -31,7 +33,7 @@ from tests.support.fault_rig import (
     wait_results,
 )
 from tests.support.procs import Worker, wait_until
-from tests.support.sentinel import SentinelFleet, sentinel_fleet
+from tests.support.sentinel import MASTER, SentinelFleet, sentinel_fleet
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -152,3 +154,17 @@ def test_a_killed_primary_loses_no_write_and_runs_none_twice(
         assert primary.exists(claim), claim
         trail = repr(primary.xrange(AUDIT_KEY)).encode()
         assert ids[-1].encode() in trail, "the last write's audit events are not on it"
+
+
+def test_the_metrics_exporters_client_follows_the_primary(fleet: SentinelFleet) -> None:
+    # Given the client `cleveragents metrics` makes of a sentinel:// URL, in use
+    client = sentinel_client(fleet.url, MASTER, socket_timeout=5)
+    assert "cleveragents_queue_length" in render(client, None)
+    # When the primary is killed and a replica promoted
+    old = fleet.primary_port()
+    assert old is not None
+    fleet.kill_primary()
+    fleet.wait_failover(old)
+    # Then the same client reads the new primary, with no manual step
+    assert "cleveragents_queue_length" in render(client, None)
+    assert client.connection_pool.get_master_address()[1] == fleet.primary_port()

@@ -21,6 +21,7 @@ Written for kombu 5.7's ``SentinelChannel`` (``broker/internals.py``, ``redis-tr
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from kombu.transport import redis as kombu_redis
@@ -28,7 +29,7 @@ from redis.sentinel import Sentinel
 
 from cleveragents.broker.redis.transport import Channel, Transport
 
-__all__ = ["SentinelChannel", "SentinelTransport", "sentinel_addresses"]
+__all__ = ["SentinelChannel", "SentinelTransport", "sentinel_addresses", "sentinel_client"]
 
 #: The Sentinel's port when a ``sentinel://`` URL names none.
 SENTINEL_PORT = 26379
@@ -46,6 +47,24 @@ def sentinel_addresses(urls: list[str], default_port: int = SENTINEL_PORT) -> li
             host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "")
             found.append((host or "127.0.0.1", int(port) if port else default_port))
     return found
+
+
+def sentinel_client(url: str, master: str, **options: Any) -> redis.Redis:
+    """A client of the primary that the Sentinels of ``url`` monitor as ``master``: each
+    of its connections asks them where the primary is now. The password and database
+    are the first URL's (Celery's and kombu's reading); ``options`` go to redis-py."""
+    first = urlsplit(url.split(";", 1)[0].strip())
+    path = first.path.strip("/")
+    params: dict[str, Any] = {"db": int(path) if path.isdigit() else 0, **options}
+    if first.password:
+        params["password"] = unquote(first.password)
+    if first.username:
+        params["username"] = unquote(first.username)
+    timeout = options.get("socket_timeout")
+    sentinels = Sentinel(sentinel_addresses([url]), sentinel_kwargs={"socket_timeout": timeout})
+    credentials = {k: params.pop(k) for k in ("username", "password") if k in params}
+    client: redis.Redis = sentinels.master_for(master, redis.Redis, **credentials, **params)
+    return client
 
 
 class SentinelChannel(kombu_redis.SentinelChannel, Channel):  # type: ignore[misc]
