@@ -167,4 +167,4 @@ def test_the_metrics_exporters_client_follows_the_primary(fleet: SentinelFleet) 
     fleet.wait_failover(old)
     # Then the same client reads the new primary, with no manual step
     assert "cleveragents_queue_length" in render(client, None)
-    assert client.connection_pool.get_master_address()[1] == fleet.primary_port()
+    assert int(client.info("server")["tcp_port"]) == fleet.primary_port()
