@@ -141,7 +141,7 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),
-        **_sentinel_backend(settings),
+        **_backend_options(settings),
         **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
@@ -162,14 +162,18 @@ def _scheme(url: str | None) -> str:
     return (url or "").partition("://")[0].lower()
 
 
-def _sentinel_backend(settings: Settings) -> dict[str, Any]:
+def _backend_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {}
     # A sentinel:// result backend (Celery's SentinelBackend) finds its primary under
     # CLEVERAGENTS_SENTINEL_MASTER; every store uses its client (stores/factory.py), so
     # they follow the primary with it.
     backend = settings.result_backend or _default_backend(settings)
-    if _scheme(backend) not in SENTINEL_SCHEMES:
-        return {}
-    return {"result_backend_transport_options": {"master_name": settings.sentinel_master}}
+    if _scheme(backend) in SENTINEL_SCHEMES:
+        options["master_name"] = settings.sentinel_master
+    # A worker's result is stored once a replica has it (broker/redis/result_backend.py).
+    if settings.replica_wait_ms:
+        options["replica_wait_ms"] = settings.replica_wait_ms
+    return {"result_backend_transport_options": options} if options else {}
 
 
 def _amqp(settings: Settings) -> dict[str, Any]:
@@ -287,6 +291,9 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # A worker's messages are handed to another worker within this many seconds
         # of its heartbeat stopping (cleveragents/broker/redis/transport.py, docs/guarantees.md).
         "recovery_s": settings.recovery_s,
+        # A published message is on a replica before the publish returns
+        # (CLEVERAGENTS_REPLICA_WAIT_MS; cleveragents/stores/replication.py).
+        "replica_wait_ms": settings.replica_wait_ms,
         # A read-only worker keeps what it holds under its role's own keys, which its
         # Redis user is limited to (cleveragents/broker/redis/liveness.py, RecoveryKeys).
         "recovery_read_only": settings.read_only,

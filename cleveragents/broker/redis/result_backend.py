@@ -33,6 +33,7 @@ from kombu.utils.objects import cached_property
 
 from cleveragents.broker.celery_settings import keepalive_options
 from cleveragents.stores.redis_retry import say_away, say_back
+from cleveragents.stores.replication import ReplicaWait
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = [
@@ -79,6 +80,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
     expires: Any
     failure_expires: Any
     connparams: Any
+    app: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -141,8 +143,29 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         ttl = math.ceil(float(seconds)) if seconds and seconds > 0 else 0
         return bytes_to_str(self.get_key_for_task(task_id)), value, ttl
 
+    @cached_property
+    def replicas(self) -> ReplicaWait:
+        """What a stored state waits for: a replica's acknowledgement
+        (``result_backend_transport_options["replica_wait_ms"]``; 0: none)."""
+        options = getattr(self.app.conf, "result_backend_transport_options", None) or {}
+        return ReplicaWait(int(options.get("replica_wait_ms") or 0))
+
     def _store(self, key: str, value: Any, ttl: int, publish: bool) -> Any:
-        return self._store_script(keys=[key], args=[value, ttl, 1 if publish else 0])
+        args = [value, ttl, 1 if publish else 0]
+        waits = self.replicas.commands
+        if not waits:
+            return self._store_script(keys=[key], args=args)
+        # The state, then WAIT on the same connection: a failover right after the task
+        # is acknowledged does not lose its result (stores/replication.py).
+        with self.client.pipeline(transaction=False) as pipe:
+            self._store_script(keys=[key], args=args, client=pipe)
+            for command in waits:
+                pipe.execute_command(*command)
+            stored, *waited = pipe.execute(raise_on_error=False)
+        self.replicas.check(waited)
+        if isinstance(stored, Exception):
+            raise stored
+        return stored
 
 
 class SentinelBackend(RedisBackend, CelerySentinelBackend):  # type: ignore[misc]
