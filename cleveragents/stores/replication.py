@@ -4,9 +4,11 @@ Redis replicates asynchronously: a primary acknowledges a write before any repli
 has it, and a failover (Sentinel promoting a replica) loses what had not reached
 the replica yet. Among those writes are the ones that keep a write from running
 twice: a write's claim, its recorded outcome, a request id's binding with its
-``STARTED``, a person's decision. After each of those the store sends ``WAIT 1
-<ms>`` on the same connection, in the same round trip: the reply comes once one
-replica has acknowledged everything that connection wrote, or after ``ms``.
+``STARTED``, a person's decision; and those that keep nothing lost: a published
+message, a stored result (``broker/redis/transport.py``,
+``broker/redis/result_backend.py``). After each of those ``WAIT 1 <ms>`` goes on
+the same connection, in the same round trip: the reply comes once one replica
+has acknowledged everything that connection wrote, or after ``ms``.
 
 It narrows the window, it does not close it (docs/guarantees.md states the
 residual): a ``WAIT`` that times out (no replica, a slow one) lets the write go on,
