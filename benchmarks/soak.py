@@ -472,6 +472,40 @@ def _log_errors(logs: list[Path]) -> Counter[str]:
     return kinds
 
 
+def _count_outcomes(s: Soak, report: Report) -> None:
+    """Wait for every batch and invocation; count what was lost, ran twice, failed."""
+    client = s.r.client()
+    for batch, lines in s.batch_threads:
+        batch.join(300)
+        got = batch.ids
+        if got != [line["request_id"] for line in lines][: len(got)] or batch.error:
+            report.batches_out_of_order += 1
+    ids = list(s.sent)
+    results: dict[str, SkillResult | None] = {}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError):
+            results = stored_results(client, ids)
+            if all(results.values()):
+                break
+        time.sleep(1)
+    counts = s.r.records.counts()
+    for rid, body in s.sent.items():
+        result = results.get(rid)
+        if result is None:
+            report.lost += 1
+            continue
+        if body["tool"] == WRITE:
+            report.writes += 1
+            report.write_ledger_lines += counts[rid]
+            report.duplicate_writes += max(0, counts[rid] - 1)
+        if not result.success and result.error is not None:
+            why = reason(result)
+            if why == "write_interrupted":
+                report.write_interrupted += 1
+            report.failures[f"{result.error.error_type.value}/{why or '-'}"] += 1
+
+
 def soak(args: argparse.Namespace, root: Path, broker: str | None) -> Report:
     report = Report(args.broker, args.minutes)
     started = time.monotonic()
@@ -499,36 +533,7 @@ def soak(args: argparse.Namespace, root: Path, broker: str | None) -> Report:
             if worker.proc is not None and worker.alive():
                 with contextlib.suppress(OSError):
                     os.killpg(worker.proc.pid, signal.SIGCONT)
-        client = r.client()
-        for batch, lines in s.batch_threads:
-            batch.join(300)
-            got = batch.ids
-            if got != [line["request_id"] for line in lines][: len(got)] or batch.error:
-                report.batches_out_of_order += 1
-        ids = list(s.sent)
-        results: dict[str, SkillResult | None] = {}
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.RedisError):
-                results = stored_results(client, ids)
-                if all(results.values()):
-                    break
-            time.sleep(1)
-        counts = r.records.counts()
-        for rid, body in s.sent.items():
-            result = results.get(rid)
-            if result is None:
-                report.lost += 1
-                continue
-            if body["tool"] == WRITE:
-                report.writes += 1
-                report.write_ledger_lines += counts[rid]
-                report.duplicate_writes += max(0, counts[rid] - 1)
-            if not result.success and result.error is not None:
-                why = reason(result)
-                if why == "write_interrupted":
-                    report.write_interrupted += 1
-                report.failures[f"{result.error.error_type.value}/{why or '-'}"] += 1
+        _count_outcomes(s, report)
         # A round of the key sweep (every 10 s) gives producers' bindings a time to live
         settle = time.monotonic() + 12
         report.keys_without_ttl = _keys_without_ttl(r)
@@ -585,7 +590,8 @@ def print_report(report: Report) -> None:
     if report.kept:
         print(f"kept: {report.kept} (logs/: worker and Redis logs; records: the tools' runs)")
     print(
-        "HELD" if report.held
+        "HELD"
+        if report.held
         else "BROKEN: lost, duplicate writes, batches out of order or a recovery over its bound"
     )
 
@@ -603,7 +609,7 @@ def _broker(name: str) -> Iterator[str | None]:
         rabbit.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
@@ -640,7 +646,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", action="store_true", help="keep the run's folder (logs, records) and say where"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     for name in list(os.environ):

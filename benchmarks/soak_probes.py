@@ -83,7 +83,8 @@ def timeline(
     for name, log in logs.items():
         steps += _log_steps(probe.request_id, name, log)
     steps += [
-        Step(at, f"pid {pid}", "the tool ran") for key, pid, at in records
+        Step(at, f"pid {pid}", "the tool ran")
+        for key, pid, at in records
         if key == probe.request_id
     ]
     if probe.took_s != float("inf"):
