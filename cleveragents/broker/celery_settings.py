@@ -45,6 +45,7 @@ from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
 __all__ = [
     "EMBEDDED_SCHEME",
     "EMBEDDED_TRANSPORT",
+    "HEALTH_CHECK_S",
     "REDIS_SOCKET_TIMEOUT_S",
     "REDIS_TRANSPORT",
     "SENTINEL_TRANSPORT",
@@ -74,6 +75,9 @@ REDIS_TRANSPORT_SCHEMES = ("redis", "rediss", *SENTINEL_SCHEMES)
 #: found dead after 5 s idle plus 3 probes 2 s apart, 11 s; a command in flight on one
 #: fails at ``REDIS_SOCKET_TIMEOUT_S``. docs/guarantees.md states the bound.
 TCP_KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
+#: kombu's and redis-py's health checks of Redis connections, in seconds
+#: (``_redis_transport_options``).
+HEALTH_CHECK_S = 3
 #: A Redis command with no reply for this long has lost its connection (no command
 #: the fleet sends blocks longer: an idle consumer's wait is ``fetch.WAIT_S``).
 REDIS_SOCKET_TIMEOUT_S = 10.0
@@ -303,8 +307,11 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # swept, however long its tool runs; under kombu's own transport (the fallback)
         # it would be, so the timeout there outlasts the longest hold.
         "visibility_timeout": visibility_s,
-        # Find dead connections to Redis before a command hangs on them.
-        "health_check_interval": 10,
+        # Find dead connections to Redis before a command hangs on them: redis-py pings
+        # a connection idle this long before using it, and kombu drops a consumer's
+        # wait whose reply is overdue by this long, checked this often (a half-open
+        # connection: within 1 + 2 x 3 s; kombu's default 25 s made it 51 s, 10 s 21 s).
+        "health_check_interval": HEALTH_CHECK_S,
         "socket_keepalive": True,
         "socket_keepalive_options": keepalive_options(),
         "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
