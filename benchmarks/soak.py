@@ -1,7 +1,8 @@
 """A soak anyone can repeat: load, batches and chaos for a while, then every promise counted.
 
     .venv/bin/python benchmarks/soak.py [--minutes 30] [--broker redis|rabbitmq]
-        [--workers 2] [--concurrency 2] [--rate 8] [--chaos-every 20] [--seed N] [--json]
+        [--workers 3] [--concurrency 2] [--rate 8] [--chaos-every 20] [--seed N] [--json]
+        [--keep]
 
 A private ``redis-server`` (append-only file, a free port) holds the results, and the
 broker too unless ``--broker rabbitmq`` (then a virtual host of the machine's
@@ -28,8 +29,13 @@ writes answered ``write_interrupted`` (their effect may have happened: the chaos
 them running), the longest recovery (from a chaos event's start to the result of a
 quick read sent as it began), per-invocation keys without a time to live, memory of Redis and
 of the workers at start and end, and the ERROR/CRITICAL/traceback lines of the
-worker logs by kind. The exit status is 1 when anything was lost, a write ran twice
-or a batch came out of order.
+worker logs by kind, and the timeline of the slowest probe (``benchmarks/soak_probes.py``:
+which worker received it, when its tool ran, when its result was stored). The exit
+status is 1 when anything was lost, a write ran twice, a batch came out of order, or
+a recovery passed its bound: ``CLEVERAGENTS_RECOVERY_S`` (``RECOVERY_S`` here), plus
+the outage itself for a kill of Redis or a drop of RabbitMQ's connections; each such
+recovery is one ``RECOVERY OVER BOUND`` line. ``--keep`` keeps the run's folder (worker
+and Redis logs, the tools' records) and prints where it is.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +65,7 @@ if str(REPO) not in sys.path:
 
 import redis  # noqa: E402
 
+from benchmarks.soak_probes import Probe, bound_s, queued_ahead, timeline, timeline_lines  # noqa: E402
 from cleveragents.skills import SkillResult  # noqa: E402
 from tests.support.fault_rig import (  # noqa: E402
     IDEMPOTENT,
@@ -84,6 +92,14 @@ PER_INVOCATION = (
     "cleveragents:seal:",
     "cleveragents:cancel:",
     "cleveragents:batch:",
+)
+EVENTS = (
+    "kill -9 worker",
+    "kill -9 pool process",
+    "SIGSTOP worker",
+    "SIGTERM worker",
+    "kill -9 redis",
+    "drop rabbitmq connections",
 )
 KINDS = ("read", "slow read", "write", "idempotent write", "invalid", "command")
 WEIGHTS = (40, 5, 20, 15, 10, 10)
@@ -112,10 +128,20 @@ class Report:
     workers_rss_mb: tuple[float, float] = (0.0, 0.0)
     log_errors: Counter[str] = field(default_factory=Counter)
     elapsed_s: float = 0.0
+    #: "event: took s > bound s", one a recovery past its bound (``soak_probes.bound_s``).
+    over_bound: list[str] = field(default_factory=list)
+    #: The slowest probe's timeline (``soak_probes.timeline_lines``).
+    slowest_probe: list[str] = field(default_factory=list)
+    kept: str | None = None
 
     @property
     def held(self) -> bool:
-        return self.lost == 0 and self.duplicate_writes == 0 and self.batches_out_of_order == 0
+        return (
+            self.lost == 0
+            and self.duplicate_writes == 0
+            and self.batches_out_of_order == 0
+            and not self.over_bound
+        )
 
 
 class _Batch(BatchThread):
@@ -150,6 +176,7 @@ class Soak:
         self.workers: list[Worker] = []
         self.serial = 0
         self.probe_client = r.client()
+        self.probes: list[Probe] = []
 
     # ---- workers
     def start_worker(self) -> Worker:
@@ -225,49 +252,47 @@ class Soak:
 
     # ---- chaos
     def chaos(self) -> None:
-        events = [
-            "kill -9 worker",
-            "kill -9 pool process",
-            "SIGSTOP worker",
-            "SIGTERM worker",
-            "kill -9 redis",
-        ]
-        if self.r.broker is not None:
-            events.append("drop rabbitmq connections")
-        while not self.stop.wait(self.args.chaos_every):
-            event = self.rng.choice(events)
-            started = time.monotonic()
-            try:
-                probe = self.send_probe()  # sent as the event begins: its wait is the recovery
-            except Exception as exc:
-                print(f"chaos: no probe ({type(exc).__name__}: {exc})", file=sys.stderr)
-                continue
-            # Watched from now on, while the event goes on (a SIGSTOP lasts 10-40 s): the
-            # recovery is when its result is stored, not when the event is over.
-            took_s: list[float] = []
-            watch = threading.Thread(
-                target=self._watch_probe, args=(probe, started, took_s), daemon=True
-            )
-            watch.start()
-            try:
-                during_write = self.do(event)
-            except Exception as exc:  # a chaos event that could not be done is said
-                print(f"chaos {event}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                watch.join()
-                continue
-            self.report.chaos[event] += 1
-            self.report.chaos_during_write += int(during_write)
+        events = [event for event in EVENTS if event in self.args.events]
+        if self.r.broker is None and "drop rabbitmq connections" in events:
+            events.remove("drop rabbitmq connections")
+        while events and not self.stop.wait(self.args.chaos_every):
+            self.chaos_event(self.rng.choice(events))
+
+    def chaos_event(self, event: str) -> None:
+        """Do ``event`` with a probe sent as it begins, and count the probe's recovery."""
+        started = time.monotonic()
+        try:
+            probe = Probe(self.send_probe(), event, time.time())  # its wait is the recovery
+        except Exception as exc:
+            print(f"chaos: no probe ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return
+        # Watched from now on, while the event goes on (a SIGSTOP lasts 10-40 s): the
+        # recovery is when its result is stored, not when the event is over.
+        watch = threading.Thread(target=self._watch_probe, args=(probe, started), daemon=True)
+        watch.start()
+        try:
+            during_write = self.do(event, probe)
+        except Exception as exc:  # a chaos event that could not be done is said
+            print(f"chaos {event}: {type(exc).__name__}: {exc}", file=sys.stderr)
             watch.join()
-            took = took_s[0]
-            self.report.recovery_by_event[event] = max(
-                self.report.recovery_by_event.get(event, 0.0), took
-            )
-            self.report.longest_recovery_s = max(self.report.longest_recovery_s, took)
-            print(
-                f"  {time.strftime('%H:%M:%S')} chaos: {event}; recovered in {took:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+            return
+        self.report.chaos[event] += 1
+        self.report.chaos_during_write += int(during_write)
+        watch.join()
+        self.probes.append(probe)
+        took, bound = probe.took_s, bound_s(probe, RECOVERY_S)
+        self.report.recovery_by_event[event] = max(
+            self.report.recovery_by_event.get(event, 0.0), took
+        )
+        self.report.longest_recovery_s = max(self.report.longest_recovery_s, took)
+        over = f"; OVER its bound of {bound:.1f} s" if took > bound else ""
+        if over:
+            self.report.over_bound.append(f"{event}: {took:.1f} s > {bound:.1f} s")
+        print(
+            f"  {time.strftime('%H:%M:%S')} chaos: {event}; recovered in {took:.1f} s{over}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _victim(self) -> tuple[Worker, bool]:
         """A live worker, one running a slow write when there is one."""
@@ -289,29 +314,40 @@ class Soak:
                 pids.add(pid)
         return pids
 
-    def do(self, event: str) -> bool:
+    def do(self, event: str, probe: Probe) -> bool:
         if event == "kill -9 redis":
+            away = time.monotonic()
             self.r.stop_redis(signal.SIGKILL)
             time.sleep(self.rng.uniform(1, 3))
             self.r.start_redis()
+            probe.outage_s = time.monotonic() - away
             return False
         if event == "drop rabbitmq connections":
-            vhost = str(self.r.broker).rsplit("/", 1)[1]
-            out = subprocess.run(
-                ["rabbitmqctl", "-q", "list_connections", "-p", vhost, "pid"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            )
-            for connection in out.stdout.split():
-                subprocess.run(
-                    ["rabbitmqctl", "-q", "close_connection", connection, "soak: broker restart"],
-                    capture_output=True,
-                    timeout=60,
-                    check=False,
-                )
+            away = time.monotonic()
+            self._drop_rabbitmq_connections()
+            probe.outage_s = time.monotonic() - away
             return False
+        return self._hit_worker(event)
+
+    def _drop_rabbitmq_connections(self) -> None:
+        vhost = str(self.r.broker).rsplit("/", 1)[1]
+        out = subprocess.run(
+            ["rabbitmqctl", "-q", "list_connections", "-p", vhost, "pid"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        for connection in out.stdout.split():
+            subprocess.run(
+                ["rabbitmqctl", "-q", "close_connection", connection, "soak: broker restart"],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+
+    def _hit_worker(self, event: str) -> bool:
+        """Do a worker's ``event``; True when it hit a running write."""
         worker, during_write = self._victim()
         assert worker.proc is not None
         if event == "kill -9 pool process":
@@ -342,8 +378,8 @@ class Soak:
         submit(self.probe_client, body)
         return str(body["request_id"])
 
-    def _watch_probe(self, request_id: str, started: float, took_s: list[float]) -> None:
-        took_s.append(self.wait_probe(request_id, started))
+    def _watch_probe(self, probe: Probe, started: float) -> None:
+        probe.took_s = self.wait_probe(probe.request_id, started)
 
     def wait_probe(self, request_id: str, started: float) -> float:
         """Seconds from ``started`` to the probe's stored result (inf: none in 180 s)."""
@@ -354,6 +390,33 @@ class Soak:
                     return time.monotonic() - started
             time.sleep(0.1)
         return float("inf")
+
+    def worker_logs(self) -> dict[str, Path]:
+        """Each worker's log by the worker's name in the report (``w1``, ``w2``, ...)."""
+        return {f"w{n}": worker.log for n, worker in enumerate(self.workers, 1)}
+
+    def explain_slowest(self) -> None:
+        """The slowest probe's timeline, into the report."""
+        if not self.probes:
+            return
+        probe = max(self.probes, key=lambda p: p.took_s)
+        steps = timeline(probe, self.worker_logs(), self.r.records.lines())
+        older, chunks = queued_ahead(probe, self.worker_logs())
+        self.report.slowest_probe = [
+            *timeline_lines(probe, steps),
+            f"  queued ahead of it: {older} invocations sent before it and {chunks} batch "
+            "chunks were received after it was sent and before it",
+        ]
+
+    def keep(self, folder: Path) -> None:
+        """Copy the worker and Redis logs into ``folder`` (the rig removes its own)."""
+        logs = folder / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for name, log in self.worker_logs().items():
+            with contextlib.suppress(OSError):
+                shutil.copy(log, logs / f"{name}.log")
+        with contextlib.suppress(OSError):
+            shutil.copy(self.r.redis.dir / "redis.log", logs / "redis.log")
 
 
 def _rss_mb(workers: list[Worker]) -> float:
@@ -409,6 +472,40 @@ def _log_errors(logs: list[Path]) -> Counter[str]:
     return kinds
 
 
+def _count_outcomes(s: Soak, report: Report) -> None:
+    """Wait for every batch and invocation; count what was lost, ran twice, failed."""
+    client = s.r.client()
+    for batch, lines in s.batch_threads:
+        batch.join(300)
+        got = batch.ids
+        if got != [line["request_id"] for line in lines][: len(got)] or batch.error:
+            report.batches_out_of_order += 1
+    ids = list(s.sent)
+    results: dict[str, SkillResult | None] = {}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError):
+            results = stored_results(client, ids)
+            if all(results.values()):
+                break
+        time.sleep(1)
+    counts = s.r.records.counts()
+    for rid, body in s.sent.items():
+        result = results.get(rid)
+        if result is None:
+            report.lost += 1
+            continue
+        if body["tool"] == WRITE:
+            report.writes += 1
+            report.write_ledger_lines += counts[rid]
+            report.duplicate_writes += max(0, counts[rid] - 1)
+        if not result.success and result.error is not None:
+            why = reason(result)
+            if why == "write_interrupted":
+                report.write_interrupted += 1
+            report.failures[f"{result.error.error_type.value}/{why or '-'}"] += 1
+
+
 def soak(args: argparse.Namespace, root: Path, broker: str | None) -> Report:
     report = Report(args.broker, args.minutes)
     started = time.monotonic()
@@ -436,36 +533,7 @@ def soak(args: argparse.Namespace, root: Path, broker: str | None) -> Report:
             if worker.proc is not None and worker.alive():
                 with contextlib.suppress(OSError):
                     os.killpg(worker.proc.pid, signal.SIGCONT)
-        client = r.client()
-        for batch, lines in s.batch_threads:
-            batch.join(300)
-            got = batch.ids
-            if got != [line["request_id"] for line in lines][: len(got)] or batch.error:
-                report.batches_out_of_order += 1
-        ids = list(s.sent)
-        results: dict[str, SkillResult | None] = {}
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.RedisError):
-                results = stored_results(client, ids)
-                if all(results.values()):
-                    break
-            time.sleep(1)
-        counts = r.records.counts()
-        for rid, body in s.sent.items():
-            result = results.get(rid)
-            if result is None:
-                report.lost += 1
-                continue
-            if body["tool"] == WRITE:
-                report.writes += 1
-                report.write_ledger_lines += counts[rid]
-                report.duplicate_writes += max(0, counts[rid] - 1)
-            if not result.success and result.error is not None:
-                why = reason(result)
-                if why == "write_interrupted":
-                    report.write_interrupted += 1
-                report.failures[f"{result.error.error_type.value}/{why or '-'}"] += 1
+        _count_outcomes(s, report)
         # A round of the key sweep (every 10 s) gives producers' bindings a time to live
         settle = time.monotonic() + 12
         report.keys_without_ttl = _keys_without_ttl(r)
@@ -475,6 +543,10 @@ def soak(args: argparse.Namespace, root: Path, broker: str | None) -> Report:
         report.redis_memory_mb = (round(memory_start, 1), round(_redis_mb(r), 1))
         report.workers_rss_mb = (round(rss_start, 1), round(_rss_mb(s.workers), 1))
         report.log_errors = _log_errors(s.logs)
+        s.explain_slowest()
+        if args.keep:
+            s.keep(root)
+            report.kept = str(root)
     report.elapsed_s = round(time.monotonic() - started, 1)
     return report
 
@@ -511,7 +583,17 @@ def print_report(report: Report) -> None:
         print(f"  {n:>5}  {kind}")
     if not report.log_errors:
         print("  none")
-    print("HELD" if report.held else "BROKEN: lost, duplicate writes or batches out of order")
+    for line in report.slowest_probe:
+        print(line)
+    for line in report.over_bound:
+        print(f"RECOVERY OVER BOUND: {line}")
+    if report.kept:
+        print(f"kept: {report.kept} (logs/: worker and Redis logs; records: the tools' runs)")
+    print(
+        "HELD"
+        if report.held
+        else "BROKEN: lost, duplicate writes, batches out of order or a recovery over its bound"
+    )
 
 
 @contextlib.contextmanager
@@ -527,18 +609,25 @@ def _broker(name: str) -> Iterator[str | None]:
         rabbit.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=3,
+        help="workers (3: the fleet keeps up with the load with one of them down; with 2, "
+        "one worker served less than the load, and a probe waited behind the backlog an "
+        "event built: up to 111 invocations, 32 s, long after the recovery itself)",
+    )
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument(
         "--rate",
         type=float,
         default=8.0,
-        help="invocations a second (8: about two thirds of what 2 workers of 2 serve, so "
-        "that the fleet keeps up with one worker down)",
+        help="invocations a second (8, and a batch line every 0.2 s: about two thirds of "
+        "what 2 workers of 2 serve, so that 3 keep up with one worker down)",
     )
     parser.add_argument("--batch-every", type=float, default=60.0, help="seconds (60)")
     parser.add_argument("--batch-lines", type=int, default=300)
@@ -546,17 +635,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stop-scale", type=float, default=1.0, help="SIGSTOP lengths times this (1: 10-40 s)"
     )
+    parser.add_argument(
+        "--events",
+        type=lambda text: [e.strip() for e in text.split(",") if e.strip()],
+        default=list(EVENTS),
+        help="the chaos events to pick from, comma-separated (all of: " + ", ".join(EVENTS) + ")",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's folder (logs, records) and say where"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     for name in list(os.environ):
         if name.startswith("CLEVERAGENTS_"):
             del os.environ[name]
     print(f"seed {args.seed}", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp, _broker(args.broker) as broker:
-        report = soak(args, Path(tmp), broker)
+    root = Path(tempfile.mkdtemp(prefix="soak-"))
+    try:
+        with _broker(args.broker) as broker:
+            report = soak(args, root, broker)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
     if args.json:
         fields = {name: getattr(report, name) for name in report.__dataclass_fields__}
         print(json.dumps({**fields, "held": report.held}))  # (asdict miscopies a Counter)

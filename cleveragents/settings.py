@@ -7,12 +7,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cleveragents.errors import ConfigurationError
 
 __all__ = [
     "BACKEND_FORMS",
     "BROKER_FORMS",
+    "SENTINEL_REPLICA_WAIT_MS",
+    "SENTINEL_SCHEMES",
     "SIGNING_VARIABLES",
     "MessageSigning",
     "Settings",
@@ -35,9 +38,18 @@ def bundled_examples_path() -> Path:
 #: The forms a broker URL takes, as a mistaken one is told.
 BROKER_FORMS = (
     "redis://[user:password@]host:6379/0, rediss://... (TLS), "
+    "sentinel://[:password@]host:26379;sentinel://host2:26379;... (Redis Sentinel), "
     "or amqp://user:password@host:5672/vhost (RabbitMQ)"
 )
-BACKEND_FORMS = "redis://[user:password@]host:6379/0 or rediss://... (TLS)"
+BACKEND_FORMS = (
+    "redis://[user:password@]host:6379/0, rediss://... (TLS) "
+    "or sentinel://[:password@]host:26379;sentinel://host2:26379;... (Redis Sentinel)"
+)
+#: URL schemes of a Redis found through Sentinel (Celery's and kombu's form).
+SENTINEL_SCHEMES = ("sentinel",)
+#: The replica acknowledgement a decisive write waits for on a Sentinel fleet, in
+#: milliseconds, when CLEVERAGENTS_REPLICA_WAIT_MS is not set (``replica_wait_ms``).
+SENTINEL_REPLICA_WAIT_MS = 100
 _PASSWORD = re.compile(r"(?<=:)[^:@/]*(?=@)")
 
 
@@ -97,6 +109,23 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise ConfigurationError(f"{name} must be positive, got {raw!r}")
     return value
+
+
+def _replication(env: Mapping[str, str]) -> dict[str, Any]:
+    """The settings of a replicated Redis: Sentinel's primary name, the replica wait."""
+    master = (env.get("CLEVERAGENTS_SENTINEL_MASTER") or "").strip() or "mymaster"
+    raw = (env.get("CLEVERAGENTS_REPLICA_WAIT_MS") or "").strip()
+    if not raw:
+        return {"sentinel_master": master}
+    try:
+        wait_ms = int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"CLEVERAGENTS_REPLICA_WAIT_MS must be a whole number of milliseconds, got {raw!r}"
+        ) from None
+    if wait_ms < 0:
+        raise ConfigurationError(f"CLEVERAGENTS_REPLICA_WAIT_MS must be 0 or more, got {raw!r}")
+    return {"sentinel_master": master, "replica_wait_ms_given": wait_ms}
 
 
 def tool_kind_modules(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -201,6 +230,12 @@ class Settings:
     #: Where a worker POSTs a call that starts waiting (``approvals/webhook.py``); a Slack
     #: webhook's URL is its secret, hence never shown.
     approval_webhook: str | None = field(default=None, repr=False)
+    #: The primary Sentinel monitors, by the name it is monitored under
+    #: (``sentinel://`` URLs; CLEVERAGENTS_SENTINEL_MASTER).
+    sentinel_master: str = "mymaster"
+    #: CLEVERAGENTS_REPLICA_WAIT_MS as given (None: not set; ``replica_wait_ms`` says
+    #: what is in force).
+    replica_wait_ms_given: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -251,7 +286,25 @@ class Settings:
             approvals_token=(env.get("CLEVERAGENTS_APPROVALS_TOKEN") or "").strip() or None,
             approvals_url=(env.get("CLEVERAGENTS_APPROVALS_URL") or "").strip() or None,
             approval_webhook=(env.get("CLEVERAGENTS_APPROVAL_WEBHOOK") or "").strip() or None,
+            **_replication(env),
         )
+
+    @property
+    def sentinel(self) -> bool:
+        """True when the broker or the result backend is found through Redis Sentinel."""
+        return any(
+            (url or "").partition("://")[0].lower() in SENTINEL_SCHEMES
+            for url in (self.broker_url, self.result_backend)
+        )
+
+    @property
+    def replica_wait_ms(self) -> int:
+        """How long a decisive write waits for a replica to acknowledge it (``WAIT 1 ms``;
+        0: it does not wait): CLEVERAGENTS_REPLICA_WAIT_MS, else
+        ``SENTINEL_REPLICA_WAIT_MS`` on a Sentinel fleet, else 0 (docs/guarantees.md)."""
+        if self.replica_wait_ms_given is not None:
+            return self.replica_wait_ms_given
+        return SENTINEL_REPLICA_WAIT_MS if self.sentinel else 0
 
     @property
     def embedded(self) -> bool:

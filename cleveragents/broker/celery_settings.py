@@ -8,6 +8,7 @@ its own app. The embedded default's server it names is started by
 
 from __future__ import annotations
 
+import socket
 import ssl
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -32,17 +33,29 @@ from cleveragents.constants import (
 from cleveragents.embedded.urls import HomeUrls
 from cleveragents.errors import ConfigurationError
 from cleveragents.pipeline.guard import CLAIM_GRACE_S
-from cleveragents.settings import BACKEND_FORMS, BROKER_FORMS, MessageSigning, Settings, shown_url
+from cleveragents.settings import (
+    BACKEND_FORMS,
+    BROKER_FORMS,
+    SENTINEL_SCHEMES,
+    MessageSigning,
+    Settings,
+    shown_url,
+)
 from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
 
 __all__ = [
+    "HEALTH_CHECK_S",
+    "REDIS_SOCKET_TIMEOUT_S",
     "REDIS_TRANSPORT",
+    "SENTINEL_TRANSPORT",
     "SOCKET_TRANSPORT",
     "STOCK_VISIBILITY_MARGIN_S",
+    "TCP_KEEPALIVE",
     "broker_of",
     "celery_settings",
     "consumer_transport",
     "fallback_facts",
+    "keepalive_options",
     "longest_hold_s",
     "needs_server",
     "redis_url",
@@ -54,10 +67,23 @@ __all__ = [
 REDIS_TRANSPORT = "cleveragents.broker.redis.transport:Transport"
 #: The same on a Unix socket: the embedded default's server.
 SOCKET_TRANSPORT = "cleveragents.broker.redis.transport:SocketTransport"
-#: Broker URL schemes it serves; others (``sentinel://``, sockets) keep kombu's own.
-REDIS_TRANSPORT_SCHEMES = ("redis", "rediss")
+#: The same on Redis Sentinel (``sentinel://`` brokers), by class path.
+SENTINEL_TRANSPORT = "cleveragents.broker.redis.sentinel:SentinelTransport"
+#: Broker URL schemes they serve (the embedded default is told apart by its settings).
+REDIS_TRANSPORT_SCHEMES = ("redis", "rediss", *SENTINEL_SCHEMES)
 #: URL schemes of kombu's Redis transport.
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "socket://")
+#: TCP keepalive of every Redis connection a worker or producer opens through kombu
+#: (Linux): an idle connection whose peer vanished (a lost host: no FIN, no RST) is
+#: found dead after 5 s idle plus 3 probes 2 s apart, 11 s; a command in flight on one
+#: fails at ``REDIS_SOCKET_TIMEOUT_S``. docs/guarantees.md states the bound.
+TCP_KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
+#: kombu's and redis-py's health checks of Redis connections, in seconds
+#: (``_redis_transport_options``).
+HEALTH_CHECK_S = 3
+#: A Redis command with no reply for this long has lost its connection (no command
+#: the fleet sends blocks longer: an idle consumer's wait is ``fetch.WAIT_S``).
+REDIS_SOCKET_TIMEOUT_S = 10.0
 #: Under kombu's own Redis transport, how far past a live worker's longest hold of a
 #: message the visibility timeout is set (and what covers a chunk's pacing, under 1 s).
 STOCK_VISIBILITY_MARGIN_S = 300.0
@@ -101,7 +127,10 @@ def uses_redis(settings: Settings) -> bool:
 def needs_server(settings: Settings) -> bool:
     """True when the settings use the home's embedded server: no broker configured, or
     another broker than Redis (RabbitMQ) and no result backend (one machine)."""
-    return settings.embedded or (settings.result_backend is None and not uses_redis(settings))
+    if settings.embedded:
+        return True
+    on_redis = uses_redis(settings) or _scheme(settings.broker_url) in SENTINEL_SCHEMES
+    return settings.result_backend is None and not on_redis
 
 
 def redis_url(settings: Settings) -> str | None:
@@ -134,6 +163,7 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url or "",
         "result_backend": settings.result_backend or _default_backend(settings),
+        **_backend_options(settings),
         **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
@@ -145,9 +175,27 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
 def _default_backend(settings: Settings) -> str:
     # Results go to the broker's Redis; with another broker (RabbitMQ) and no backend
     # configured, to the home's embedded server (one machine), as SPEC section 7 says.
-    if uses_redis(settings):
+    if uses_redis(settings) or _scheme(settings.broker_url) in SENTINEL_SCHEMES:
         return settings.broker_url or ""
     return HomeUrls.of(settings.home).backend
+
+
+def _scheme(url: str | None) -> str:
+    return (url or "").partition("://")[0].lower()
+
+
+def _backend_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    # A sentinel:// result backend (Celery's SentinelBackend) finds its primary under
+    # CLEVERAGENTS_SENTINEL_MASTER; every store uses its client (stores/factory.py), so
+    # they follow the primary with it.
+    backend = settings.result_backend or _default_backend(settings)
+    if _scheme(backend) in SENTINEL_SCHEMES:
+        options["master_name"] = settings.sentinel_master
+    # A worker's result is stored once a replica has it (broker/redis/result_backend.py).
+    if settings.replica_wait_ms:
+        options["replica_wait_ms"] = settings.replica_wait_ms
+    return {"result_backend_transport_options": options} if options else {}
 
 
 def _amqp(settings: Settings) -> dict[str, Any]:
@@ -168,6 +216,8 @@ def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
     options = {"broker_transport_options": _redis_transport_options(settings, producer)}
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
+    if scheme in SENTINEL_SCHEMES:  # kombu's Sentinel channel finds the primary by name
+        options["broker_transport_options"]["master_name"] = settings.sentinel_master
     if scheme not in REDIS_TRANSPORT_SCHEMES:
         return options
     # The transport that hands a dead worker's messages out again is a consumer's
@@ -186,7 +236,11 @@ def consumer_transport(settings: Settings) -> str | None:
     """
     if broker_of(settings) != "redis" or not fits("redis-transport"):
         return None  # outside its kombu series: kombu's own (broker/internals.py)
-    return SOCKET_TRANSPORT if settings.embedded else REDIS_TRANSPORT
+    if settings.embedded:
+        return SOCKET_TRANSPORT
+    if _scheme(settings.broker_url) in SENTINEL_SCHEMES:
+        return SENTINEL_TRANSPORT
+    return REDIS_TRANSPORT
 
 
 def longest_hold_s(settings: Settings) -> float:
@@ -261,6 +315,9 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # A worker's messages are handed to another worker within this many seconds
         # of its heartbeat stopping (cleveragents/broker/redis/transport.py, docs/guarantees.md).
         "recovery_s": settings.recovery_s,
+        # A published message is on a replica before the publish returns
+        # (CLEVERAGENTS_REPLICA_WAIT_MS; cleveragents/stores/replication.py).
+        "replica_wait_ms": settings.replica_wait_ms,
         # A read-only worker keeps what it holds under its role's own keys, which its
         # Redis user is limited to (cleveragents/broker/redis/liveness.py, RecoveryKeys).
         "recovery_read_only": settings.read_only,
@@ -270,11 +327,15 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # swept, however long its tool runs; under kombu's own transport (the fallback)
         # it would be, so the timeout there outlasts the longest hold.
         "visibility_timeout": visibility_s,
-        # Find dead connections to Redis before a command hangs on them.
-        "health_check_interval": 10,
+        # Find dead connections to Redis before a command hangs on them: redis-py pings
+        # a connection idle this long before using it, and kombu drops a consumer's
+        # wait whose reply is overdue by this long, checked this often (a half-open
+        # connection: within 1 + 2 x 3 s; kombu's default 25 s made it 51 s, 10 s 21 s).
+        "health_check_interval": HEALTH_CHECK_S,
         "socket_keepalive": True,
-        "socket_timeout": 30,
-        "socket_connect_timeout": 10,
+        "socket_keepalive_options": keepalive_options(),
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": 5,
         # A worker's commands are sent again once when Redis does not answer in time.
         # A producer's are not: kombu batches a publish into one pipeline only on a
         # connection that never sends one again (a pipeline sent twice publishes every
@@ -294,6 +355,16 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # No message priorities are used: one Redis list per queue instead of
         # kombu's four, so a fetch waits on 4 keys, not 16.
         "priority_steps": [0],
+    }
+
+
+def keepalive_options() -> dict[int, int]:
+    """``TCP_KEEPALIVE`` as redis-py's ``socket_keepalive_options`` (the options this
+    system's ``socket`` module has)."""
+    return {
+        getattr(socket, name): value
+        for name, value in TCP_KEEPALIVE.items()
+        if hasattr(socket, name)
     }
 
 
@@ -382,6 +453,10 @@ def _resilience() -> dict[str, Any]:
         "result_backend_max_retries": 20,
         "redis_backend_health_check_interval": 10,
         "redis_socket_keepalive": True,
+        # A result backend's command on a connection whose peer vanished fails after
+        # this, not Celery's 120 s (docs/guarantees.md, half-open connections).
+        "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "redis_socket_connect_timeout": 5,
         "redis_retry_on_timeout": True,
     }
 

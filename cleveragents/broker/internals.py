@@ -255,6 +255,17 @@ INTERNALS: tuple[Internal, ...] = (
         (f"{_K_REDIS}:Channel.unacked_index_key", "read"),
         ("kombu.transport.virtual.base:Transport._deliver", "read"),
     ),
+    # The same on Redis Sentinel: kombu's Sentinel channel under it (broker/redis/sentinel.py).
+    *_uses(
+        "redis-transport",
+        "cleveragents.broker.redis.sentinel",
+        _K_REDIS_SRC,
+        (f"{_K_REDIS}:SentinelChannel._sentinel_managed_pool", "read"),
+        (f"{_K_REDIS}:SentinelChannel._get_pool", "read"),
+        (f"{_K_REDIS}:SentinelChannel.from_transport_options", "read"),
+        (f"{_K_REDIS}:SentinelChannel.connection_class", "read"),
+        (f"{_K_REDIS}:Channel._connparams", "read"),
+    ),
     # kombu's unacked hash, read (never taken) to find a waiting id.
     *_uses(
         "queue-search",
@@ -288,6 +299,8 @@ INTERNALS: tuple[Internal, ...] = (
         ("celery.worker.consumer.consumer:Consumer.create_task_handler", "override"),
         ("celery.worker.consumer.consumer:Consumer.on_send_event_buffered", "override"),
         ("celery.worker.consumer.consumer:Consumer._flush_events", "read"),
+        # Its call of conn.ensure_connection, given quicker intervals (RECONNECT_INTERVALS).
+        ("celery.worker.consumer.consumer:Consumer.ensure_connected", "override"),
         ("celery.worker.consumer.mingle:Mingle.__init__", "read"),  # its without_mingle
         ("celery.worker.consumer.gossip:Gossip.__init__", "read"),  # its without_gossip
     ),

@@ -234,7 +234,7 @@ def _what_happens_to_the_rest(
     if local is not None and not local.stopped_worker:
         return "what was submitted keeps running on the local worker another command shares."
     # This command's worker stopped with it: take back what no worker ran, or it would
-    # wait on disk and run, unasked, whenever a worker next starts on this home.
+    # wait in the home's server and run, unasked, whenever a worker next starts on this home.
     withdraw(settings, messages, batch_id=batch_id)
     return "the local worker stopped, and what it had not run was taken off the queue."
 

@@ -9,6 +9,7 @@ import redis
 
 from cleveragents.broker.celery_settings import needs_server
 from cleveragents.broker.rabbitmq import RabbitQueues, uses_amqp
+from cleveragents.broker.redis.sentinel import sentinel_client
 from cleveragents.cli.render import CliFailure
 from cleveragents.constants import QUEUE_DEAD
 from cleveragents.embedded.server import join_server
@@ -24,10 +25,12 @@ def _redis(settings: Settings) -> Any:
     if needs_server(settings):  # the embedded default's server, for as long as this runs
         join_server(settings.home)
         url = HomeUrls.of(settings.home).client
+    if url and url.startswith("sentinel://"):  # the primary the Sentinels name, each time
+        return sentinel_client(url, settings.sentinel_master, socket_timeout=10)
     if not url or not url.startswith(("redis://", "rediss://", "unix://")):
         raise CliFailure(
-            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// URL (or, with "
-            "RabbitMQ as the broker, CLEVERAGENTS_RESULT_BACKEND)"
+            "metrics need Redis: set CLEVERAGENTS_BROKER_URL to a redis:// or sentinel:// URL "
+            "(or, with RabbitMQ as the broker, CLEVERAGENTS_RESULT_BACKEND)"
         )
     return redis.Redis.from_url(url, socket_timeout=10)
 

@@ -19,6 +19,7 @@ only for a delivery whose own content has it (docs/approvals.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property, partial
 from typing import Any, NamedTuple
 
@@ -38,6 +39,7 @@ from cleveragents.constants import (
     READ_ONLY_APPROVAL_KEY_PREFIX,
 )
 from cleveragents.stores.redis_retry import retrying
+from cleveragents.stores.replication import ReplicaWait
 from cleveragents.stores.resp import Arg, Script
 
 __all__ = ["FLEETS", "READ_ONLY_FLEET", "WRITE_FLEET", "ApprovalKeys", "RedisApprovalStore"]
@@ -153,12 +155,18 @@ class RedisApprovalStore:
     """
 
     def __init__(
-        self, client: Any, keep_s: float, fleets: tuple[ApprovalKeys, ...] = FLEETS
+        self,
+        client: Any,
+        keep_s: float,
+        fleets: tuple[ApprovalKeys, ...] = FLEETS,
+        replicas: ReplicaWait | None = None,
     ) -> None:
         self.client = client
         #: How long a record (and its decision) is kept past its expiry.
         self.keep_s = max(int(keep_s), 60)
         self.fleets = fleets
+        #: What a decision waits for: a replica's acknowledgement (``stores/replication.py``).
+        self.replicas = replicas or ReplicaWait()
 
     @staticmethod
     def _keys(fleet: ApprovalKeys, request_id: str) -> list[str]:
@@ -185,7 +193,7 @@ class RedisApprovalStore:
         args = [wanted.outcome, wanted.by, wanted.reason or "", wanted.digest, wanted.channel]
         for fleet in self.fleets:
             keys = self._keys(fleet, request_id)
-            reply = retrying(partial(self._decide, keys=keys, args=args))
+            reply = retrying(partial(self._decided, keys, args))
             stored, raw, asked_at, expires_at, state, *decided, now = reply
             record = _record(raw, asked_at, expires_at, state)
             if record is None:
@@ -254,6 +262,12 @@ class RedisApprovalStore:
     @cached_property
     def _resolve(self) -> Script:
         return Script(self.client, _RESOLVE_LUA)
+
+    def _decided(self, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        """The decision script's reply, once a replica has the decision (``replicas``)."""
+        replies = self._decide.then(keys, args, self.replicas.commands)
+        self.replicas.check(replies[1:])
+        return replies[0]
 
     @cached_property
     def _decide(self) -> Script:

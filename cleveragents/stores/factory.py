@@ -38,6 +38,7 @@ from cleveragents.stores.redis import (
     RedisMetricStore,
     RedisResultStore,
 )
+from cleveragents.stores.replication import ReplicaWait
 
 __all__ = ["Stores", "audit_secret", "open_stores"]
 
@@ -83,20 +84,30 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
     client = getattr(backend, "client", None)
     if not isinstance(client, redis.Redis):
         raise ConfigurationError(
-            "CLEVERAGENTS_RESULT_BACKEND must be a Redis (redis://, rediss:// or unix://): "
-            "the guard, batches, approvals and the audit trail are kept beside the results"
+            "CLEVERAGENTS_RESULT_BACKEND must be a Redis (redis://, rediss://, unix:// or "
+            "sentinel://): the guard, batches, approvals and the audit trail are kept "
+            "beside the results"
         )
     expires = int(getattr(backend, "expires", 0) or 0) or None
     scheme = (settings.broker_url or "").partition("://")[0].lower()
     marks = settings.embedded or scheme in MARKING_SCHEMES
     return Stores(
         guard=RedisGuardStore(
-            client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker
+            client,
+            ttl_s=settings.result_expires_s,
+            marks_redeliveries=marks,
+            scripted=worker,
+            replicas=ReplicaWait(settings.replica_wait_ms),
         ),
         results=RedisResultStore(client, backend.get_key_for_task, expires),
         ledger=RedisBatchLedger(client, expires),
         metrics=RedisMetricStore(client),
-        approvals=RedisApprovalStore(client, settings.result_expires_s, _fleets(settings, worker)),
+        approvals=RedisApprovalStore(
+            client,
+            settings.result_expires_s,
+            _fleets(settings, worker),
+            ReplicaWait(settings.replica_wait_ms),
+        ),
         audit=_sealed(settings, worker, RedisAuditLog(client, *_streams(settings, worker))),
     )
 

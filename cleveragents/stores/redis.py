@@ -32,6 +32,7 @@ from cleveragents.constants import (
 )
 from cleveragents.stores.base import Binding, Claim, MetricCounts, StartedMark, bind_then_start
 from cleveragents.stores.redis_retry import retrying
+from cleveragents.stores.replication import ReplicaWait
 from cleveragents.stores.resp import Arg, Script, pipelined
 from cleveragents.stores.result_meta import KeyValueResults
 from cleveragents.stores.state_lua import STORE_STATE_LUA
@@ -106,15 +107,24 @@ class RedisGuardStore:
     """Guard records as Redis keys: ``INCR`` counters, ``SET NX`` claims, a dead-letter list."""
 
     def __init__(
-        self, client: Any, ttl_s: float, *, marks_redeliveries: bool = True, scripted: bool = False
+        self,
+        client: Any,
+        ttl_s: float,
+        *,
+        marks_redeliveries: bool = True,
+        scripted: bool = False,
+        replicas: ReplicaWait | None = None,
     ) -> None:
         self.client = client
         self.ttl = max(int(ttl_s), 60)
+        #: What a claim, a write's outcome and a binding with STARTED wait for: a
+        #: replica's acknowledgement (``stores/replication.py``; off by default).
+        self.replicas = replicas or ReplicaWait()
         #: Bind ids with a script (a worker's Redis user may; a producer's may not run
         #: scripts, and binds with ``SETNX``, which never replaces another's binding).
         self.scripted = scripted
         #: Whether the broker marks redeliveries: kombu's Redis transport marks a
-        #: restored message, AMQP a redelivered one; the embedded file transport none.
+        #: restored message (the embedded default's server too), AMQP a redelivered one.
         self.marks_redeliveries = marks_redeliveries
         #: Redis refused the bind-and-start script (an older ACL): two steps instead.
         self._bind_starting_refused = False
@@ -137,10 +147,18 @@ class RedisGuardStore:
 
         return retrying(count)
 
+    def _decisive(self, command: Sequence[Arg]) -> Any:
+        """``command``, then the replica wait on its connection; the command's reply."""
+        replies = pipelined(self.client, [command, *self.replicas.commands], inline_errors=True)
+        if isinstance(replies[0], ResponseError):
+            raise replies[0]
+        self.replicas.check(replies[1:])
+        return replies[0]
+
     def claim(self, request_id: str, claim: Claim) -> Claim | None:
         """Take the write claim atomically: None when taken, else the claim already held."""
         key, text = self._key("write", request_id), claim.encode()
-        if retrying(lambda: self.client.set(key, text, nx=True, ex=self.ttl)):
+        if retrying(lambda: self._decisive(("SET", key, text, "NX", "EX", self.ttl))):
             return None
         raw = retrying(lambda: self.client.get(key))
         if raw is None:  # expired in between: the earlier run is long over
@@ -158,7 +176,7 @@ class RedisGuardStore:
     def finish(self, request_id: str, payload: dict[str, Any]) -> None:
         """Record the result of a claimed write in its claim."""
         key, text = self._key("write", request_id), Claim.finished(payload).encode()
-        retrying(lambda: self.client.set(key, text, ex=self.ttl))
+        retrying(lambda: self._decisive(("SET", key, text, "EX", self.ttl)))
 
     def dead_letter(self, request_id: str, record: dict[str, Any]) -> None:
         """Keep a poison invocation for inspection (newest first, the last 10,000)."""
@@ -246,9 +264,7 @@ class RedisGuardStore:
         try:
             # Sent again after a lost reply, it finds its own digest and its own
             # STARTED: stored again, which is harmless.
-            before, stored, cancelled = retrying(
-                lambda: self._bind_starting_script(keys=keys, args=args)
-            )
+            before, stored, cancelled = retrying(lambda: self._bind_starting(keys, args))
         except (NoPermissionError, ResponseError) as exc:
             if not _refused(exc):
                 raise
@@ -274,6 +290,11 @@ class RedisGuardStore:
         key = f"{CANCEL_KEY_PREFIX}{request_id}"
         retrying(lambda: self.client.set(key, "1", ex=self.ttl))
         return True
+
+    def _bind_starting(self, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        replies = self._bind_starting_script.then(keys, args, self.replicas.commands)
+        self.replicas.check(replies[1:])
+        return replies[0]
 
     @cached_property
     def _bind_starting_script(self) -> Script:

@@ -67,11 +67,14 @@ def pack(command: Sequence[Arg]) -> bytes:
     return b"".join(_pieces([command]))
 
 
-def pipelined(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+def pipelined(
+    client: redis.Redis, commands: Sequence[Sequence[Arg]], *, inline_errors: bool = False
+) -> list[Any]:
     """Send ``commands`` in one round trip; their replies, in order.
 
-    Raises the first error reply (``ResponseError``) once every reply is read, and a
-    connection error as redis-py does (``cleveragents.stores.redis_retry.retrying`` retries it).
+    Raises the first error reply (``ResponseError``) once every reply is read (with
+    ``inline_errors``: returns it in its place), and a connection error as redis-py
+    does (``cleveragents.stores.redis_retry.retrying`` retries it).
     """
     if not commands:
         return []
@@ -92,7 +95,7 @@ def pipelined(client: redis.Redis, commands: Sequence[Sequence[Arg]]) -> list[An
         raise
     finally:
         pool.release(conn)
-    if failed is not None:
+    if failed is not None and not inline_errors:
         raise failed
     return replies
 
@@ -107,10 +110,18 @@ class Script:
 
     def __call__(self, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         """Run the script on ``keys`` with ``args``; its reply."""
+        return self.then(keys, args, ())[0]
+
+    def then(
+        self, keys: Sequence[Arg], args: Sequence[Arg], after: Sequence[Sequence[Arg]]
+    ) -> list[Any]:
+        """Run the script, then ``after`` on the same connection in the same round trip;
+        the script's reply, then those of ``after`` (error replies in their place)."""
         command = ("EVALSHA", self.sha, len(keys), *keys, *args)
-        try:
-            [reply] = pipelined(self.client, [command])
-        except NoScriptError:  # a new or restarted Redis: load it, as redis-py's Script does
+        replies = pipelined(self.client, [command, *after], inline_errors=True)
+        if isinstance(replies[0], NoScriptError):  # a new or restarted Redis: load it
             pipelined(self.client, [("SCRIPT", "LOAD", self.source)])
-            [reply] = pipelined(self.client, [command])
-        return reply
+            replies = pipelined(self.client, [command, *after], inline_errors=True)
+        if isinstance(replies[0], ResponseError):
+            raise replies[0]
+        return replies

@@ -75,6 +75,11 @@ def check_steps(steps: tuple[str, ...] | list[str] | None = None) -> None:
 
 #: Longest a task event waits in the worker before it is sent (with the others due).
 EVENT_FLUSH_S = 0.05
+#: How a worker that lost its broker tries again: at once, then every 0.5 s more, at
+#: most every 1 s (kombu's default is 2 s more each time, up to 30 s: a Redis back,
+#: or a Sentinel failover done, 3 s after the loss was found by a worker 6 to 12 s
+#: later, and the longer the outage the longer the wait after it).
+RECONNECT_INTERVALS = {"interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
 
 
 def _task_id(message: Any) -> str | None:
@@ -101,6 +106,16 @@ class SkillConsumer(Consumer):  # type: ignore[misc]
             for step in Consumer.Blueprint.default_steps
             if step != DELAYED_DELIVERY_STEP
         ]
+
+    def ensure_connected(self, conn: Any) -> Any:
+        """Celery's, with ``RECONNECT_INTERVALS`` between the attempts to reach the broker."""
+        ensure = conn.ensure_connection
+
+        def ensure_soon(*args: Any, **kwargs: Any) -> Any:
+            return ensure(*args, **{**RECONNECT_INTERVALS, **kwargs})
+
+        conn.ensure_connection = ensure_soon
+        return super().ensure_connected(conn)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         refuse_compressed_bodies()  # at worker start, in the process that decodes messages

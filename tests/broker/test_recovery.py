@@ -30,7 +30,12 @@ from kombu import Consumer as KombuConsumer
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cleveragents.broker.celery_settings import REDIS_TRANSPORT, celery_settings, consumer_transport
+from cleveragents.broker.celery_settings import (
+    REDIS_TRANSPORT,
+    SENTINEL_TRANSPORT,
+    celery_settings,
+    consumer_transport,
+)
 from cleveragents.broker.redis.fetch import FETCH_LUA, door_key, fetch_command
 from cleveragents.broker.redis.liveness import Heartbeat, RecoveryTiming, alive_key
 from cleveragents.broker.redis.transport import Channel, QoS
@@ -350,8 +355,8 @@ def test_the_recovery_time_is_read_from_the_environment_and_bounds_the_timing() 
             REDIS_TRANSPORT,
             {"ssl_cert_reqs": 2},
         ),
-        # Sentinel keeps kombu's Sentinel transport (and recovery by the visibility timeout)
-        ("sentinel://:secret@127.0.0.1:6390/3", "sentinel", False),
+        # Sentinel gets the same transport over kombu's Sentinel channel (broker/redis/sentinel.py)
+        ("sentinel://:secret@127.0.0.1:6390/3", SENTINEL_TRANSPORT, False),
     ],
 )
 def test_redis_urls_get_the_transport_and_keep_their_address_credentials_and_tls(

@@ -388,6 +388,50 @@ class CuttingProxy:
                 sock.close()
 
 
+class FreezingProxy:
+    """A TCP proxy to redis-server whose open connections can go silent, not closed.
+
+    ``freeze()`` stops every connection open now from carrying anything either way,
+    while both sides stay open: no FIN, no RST, no reply, as when the peer hangs or
+    its machine is cut off. Connections made later pass, as to a Redis reached again.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.generation = 0  # connections of an earlier generation are frozen
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True, name="freezing-proxy").start()
+
+    def freeze(self) -> None:
+        self.generation += 1
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.port))
+            except OSError:
+                return
+            self.sockets += [downstream, upstream]
+            born = self.generation
+            for src, dst in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pump, args=(src, dst, born), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, born: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if born == self.generation:  # frozen: read and dropped, never answered
+                    dst.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
 def served(client: SkillClient, path: Path, key: str, timeout: float) -> bool:
     """True when a fresh read submitted now comes back, successful, within ``timeout``."""
     rid = submit(client, request(READ, key, path))

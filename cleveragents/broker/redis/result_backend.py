@@ -12,8 +12,11 @@ decode a ``STARTED`` message per invocation. ``AsyncResult.state`` still reads
 ``STARTED`` from the stored key, as before.
 
 A worker on a ``redis://`` or ``rediss://`` result backend uses it (named by class
-path before the URL, ``cleveragents/worker/startup.py``); producers, Flower and every reader keep
-Celery's own, which reads the same keys.
+path before the URL, ``cleveragents/worker/startup.py``), and on a ``sentinel://`` one
+``SentinelBackend``, the same over Celery's Sentinel backend (its connections find the
+primary through the Sentinels each time they connect); producers, Flower and every
+reader keep Celery's own, which reads the same keys. A worker's connections also
+carry the fleet's TCP keepalive (``celery_settings.TCP_KEEPALIVE``).
 """
 
 from __future__ import annotations
@@ -23,25 +26,33 @@ from typing import Any
 
 from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
+from cleveragents.broker.celery_settings import keepalive_options
 from cleveragents.stores.redis_retry import say_away, say_back
+from cleveragents.stores.replication import ReplicaWait
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = [
     "BACKEND_CLASS",
     "SEND_ONLY_BACKEND_CLASS",
+    "SENTINEL_BACKEND_CLASS",
     "STORE_LUA",
     "RedisBackend",
     "SendOnlyRedisBackend",
+    "SentinelBackend",
     "send_only_result_backend",
     "worker_result_backend",
 ]
 
 #: This backend's class path, as Celery's ``result_backend`` names it before a URL.
 BACKEND_CLASS = "cleveragents.broker.redis.result_backend:RedisBackend"
+
+#: ``RedisBackend`` on Redis Sentinel, by class path.
+SENTINEL_BACKEND_CLASS = "cleveragents.broker.redis.result_backend:SentinelBackend"
 
 #: The producer backend of a client that awaits results by other means (``AsyncSkillClient``).
 SEND_ONLY_BACKEND_CLASS = "cleveragents.broker.redis.result_backend:SendOnlyRedisBackend"
@@ -68,6 +79,14 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
     _get_result_meta: Any
     expires: Any
     failure_expires: Any
+    connparams: Any
+    app: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A connection whose peer vanished is found dead while idle, not after hours.
+        if self.connparams.get("socket_keepalive"):
+            self.connparams.setdefault("socket_keepalive_options", keepalive_options())
 
     def ensure(self, fun: Any, args: Any, **policy: Any) -> Any:
         """Celery's retries of a store while Redis is away, said as the stores say theirs:
@@ -124,13 +143,41 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         ttl = math.ceil(float(seconds)) if seconds and seconds > 0 else 0
         return bytes_to_str(self.get_key_for_task(task_id)), value, ttl
 
+    @cached_property
+    def replicas(self) -> ReplicaWait:
+        """What a stored state waits for: a replica's acknowledgement
+        (``result_backend_transport_options["replica_wait_ms"]``; 0: none)."""
+        options = getattr(self.app.conf, "result_backend_transport_options", None) or {}
+        return ReplicaWait(int(options.get("replica_wait_ms") or 0))
+
     def _store(self, key: str, value: Any, ttl: int, publish: bool) -> Any:
-        return self._store_script(keys=[key], args=[value, ttl, 1 if publish else 0])
+        args = [value, ttl, 1 if publish else 0]
+        waits = self.replicas.commands
+        if not waits:
+            return self._store_script(keys=[key], args=args)
+        # The state, then WAIT on the same connection: a failover right after the task
+        # is acknowledged does not lose its result (stores/replication.py).
+        with self.client.pipeline(transaction=False) as pipe:
+            self._store_script(keys=[key], args=args, client=pipe)
+            for command in waits:
+                pipe.execute_command(*command)
+            stored, *waited = pipe.execute(raise_on_error=False)
+        self.replicas.check(waited)
+        if isinstance(stored, Exception):
+            raise stored
+        return stored
+
+
+class SentinelBackend(RedisBackend, CelerySentinelBackend):  # type: ignore[misc]
+    """``RedisBackend`` on Redis Sentinel: the same one-script store, on the primary the
+    Sentinels name (``result_backend_transport_options["master_name"]``)."""
 
 
 def worker_result_backend(url: str | None) -> str | None:
     """The ``result_backend`` a worker sets for ``url`` (None: keep it as it is)."""
     scheme = (url or "").partition("://")[0].lower()
+    if scheme == "sentinel":
+        return f"{SENTINEL_BACKEND_CLASS}+{url}"
     if not url or scheme not in ("redis", "rediss", "redis+socket"):
         return None
     return f"{BACKEND_CLASS}+{_named(url)}"

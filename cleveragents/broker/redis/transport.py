@@ -58,6 +58,7 @@ from cleveragents.broker.redis.liveness import (
     new_holder_id,
     process_heartbeat,
 )
+from cleveragents.stores.replication import ReplicaWait
 
 __all__ = ["Channel", "QoS", "SocketTransport", "Transport"]
 
@@ -264,12 +265,21 @@ class Channel(kombu_redis.Channel):
     #: kombu's ``client``, whose connection kombu pinged as the channel opened, so a
     #: producer holds one connection to the broker instead of two.
     one_pool: bool = False
+    #: CLEVERAGENTS_REPLICA_WAIT_MS: a published message is acknowledged only once a
+    #: replica has it, or this long after (``stores/replication.py``; 0: at once).
+    replica_wait_ms: int = 0
     from_transport_options = (
         *kombu_redis.Channel.from_transport_options,
         "recovery_s",
         "recovery_read_only",
         "one_pool",
+        "replica_wait_ms",
     )
+
+    @cached_property
+    def replicas(self) -> ReplicaWait:
+        """What a published message waits for (a replica's acknowledgement)."""
+        return ReplicaWait(int(self.replica_wait_ms or 0))
 
     @cached_property
     def recovery_keys(self) -> RecoveryKeys:
@@ -485,16 +495,26 @@ class Channel(kombu_redis.Channel):
             batch.add("lpush", door, 1)
             batch.add("ltrim", door, 0, DOOR_CAP - 1)
             batch.add("pexpire", door, DOOR_TTL_MS)
+            for command in self.replicas.commands:  # its reply is the pipeline's to check
+                batch.add("execute_command", *command)
             return
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         expires = self._expires.get(queue) if self._expires else None
+        waits = self.replicas.commands
         with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             pipe.lpush(key, dumps(message))
             if expires:
                 for pri in self.priority_steps:
                     pipe.pexpire(self._q_for_pri(queue, pri), expires)
             pipe.lpush(door, 1).ltrim(door, 0, DOOR_CAP - 1).pexpire(door, DOOR_TTL_MS)
-            pipe.execute()
+            for command in waits:  # the message is on a replica before the publish returns
+                pipe.execute_command(*command)
+            replies = pipe.execute(raise_on_error=False)
+        sent, waited = replies[: len(replies) - len(waits)], replies[len(replies) - len(waits) :]
+        self.replicas.check(waited)  # a refused WAIT turns it off, and the publish stands
+        failed = next((reply for reply in sent if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
 
     def heartbeat_client(self) -> redis.Redis:
         """A client of its own for the heartbeat: the channel's server, short time-outs."""
