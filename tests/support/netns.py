@@ -122,11 +122,12 @@ class Host:
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
         log: Path | None = None, cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in this host (its own session); output to ``log``."""
+        """Start ``argv`` in this host (its own session), with ``env`` as its whole
+        environment when given; output to ``log``."""
         out = log.open("ab") if log is not None else subprocess.DEVNULL
         try:
             proc = subprocess.Popen(
-                self.exec_args(argv), env={**os.environ, **(env or {})}, cwd=cwd,
+                self.exec_args(argv), env=None if env is None else dict(env), cwd=cwd,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
