@@ -3,7 +3,6 @@ replica, Sentinels) and a RabbitMQ cluster, each started inside its host."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,9 +11,13 @@ from tests.support.netns import Host
 if TYPE_CHECKING:
     from tests.support.hosts_rig import HostsRig
 
-#: The machine's RabbitMQ server script (its own node on 127.0.0.1 is never touched:
-#: the rig's nodes run in their own namespaces with their own names, folders and ports).
-RABBITMQ_SERVER = shutil.which("rabbitmq-server") or "/usr/sbin/rabbitmq-server"
+#: RabbitMQ's own scripts, not Debian's wrappers in /usr/sbin (those switch to the
+#: ``rabbitmq`` user, whose HOME holds another Erlang cookie). The machine's own node on
+#: 127.0.0.1 is never touched: the rig's nodes run in their own namespaces, with their
+#: own names, folders, ports and cookie.
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+RABBITMQ_SERVER = str(RABBITMQ_BIN / "rabbitmq-server")
+RABBITMQCTL = str(RABBITMQ_BIN / "rabbitmqctl")
 
 
 def redis_args(rig: HostsRig, folder: Path, replica_of: Host | None) -> list[str]:
@@ -117,7 +120,7 @@ def rabbitmqctl(rig: HostsRig, name: str, *args: str, timeout: float = 120) -> s
     """``rabbitmqctl`` against node ``name``, run inside its host; its output."""
     env = rabbit_env(rig, name)
     host = rig.host(name)
-    argv = ["env", *(f"{k}={v}" for k, v in env.items()), "rabbitmqctl", "-n",
+    argv = ["env", *(f"{k}={v}" for k, v in env.items()), RABBITMQCTL, "-n",
             f"rabbit@{name}", *args]
     done = host.run(argv, timeout=timeout)
     if done.returncode != 0:
@@ -125,14 +128,22 @@ def rabbitmqctl(rig: HostsRig, name: str, *args: str, timeout: float = 120) -> s
     return done.stdout
 
 
+def await_node(rig: HostsRig, name: str, timeout: float = 180) -> None:
+    """Wait until node ``name`` has started (it registers with epmd first)."""
+    from tests.support.hosts_rig import wait_for
+
+    wait_for(lambda: rabbitmqctl(rig, name, "await_startup", "--timeout", "10", timeout=30)
+             is not None, timeout, f"RabbitMQ node {name}", interval=1)
+
+
 def start_rabbit_cluster(rig: HostsRig, names: list[str]) -> None:
     """The first node, then the others, which join it (classic peer discovery)."""
     start_rabbit_node(rig, names[0])
-    rabbitmqctl(rig, names[0], "await_startup", timeout=180)
+    await_node(rig, names[0])
     for name in names[1:]:
         start_rabbit_node(rig, name)
     for name in names[1:]:
-        rabbitmqctl(rig, name, "await_startup", timeout=180)
+        await_node(rig, name)
     status = rabbitmqctl(rig, names[0], "cluster_status", "--formatter", "json")
     missing = [n for n in names if f"rabbit@{n}" not in status]
     if missing:

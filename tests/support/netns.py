@@ -40,7 +40,7 @@ from pathlib import Path
 #: Every rig's names start with this (a run adds four hex digits).
 PREFIX = "carig"
 #: The rig's addresses: one /24 of this per run, picked free.
-SUPERNET = ipaddress.ip_network("10.249.0.0/16")
+SUPERNET = ipaddress.IPv4Network("10.249.0.0/16")
 #: Where each run keeps its owner's process id and its hosts' files.
 STATE_ROOT = Path("/run")
 
@@ -145,6 +145,13 @@ class Host:
     def pids(self) -> list[int]:
         return namespace_pids(self.ns)
 
+    def owns(self, pid: int) -> bool:
+        """True when process ``pid`` runs in this host's network namespace."""
+        try:
+            return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{self.ns}").st_ino
+        except OSError:
+            return False
+
     def link_down(self) -> None:
         """Both ends of its veth down: it and the rest stop hearing each other."""
         _ip("link", "set", self.veth, "down")
@@ -228,6 +235,10 @@ class Network:
     def close(self) -> None:
         """Kill every process of every host, remove namespaces, veths, bridge and files."""
         teardown(self.prefix, self.run)
+        for host in self.hosts.values():
+            for proc in host.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

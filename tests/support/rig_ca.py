@@ -41,7 +41,9 @@ def _key(path: Path) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def _builder(subject: str, issuer: str, public: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(
+    subject: str, issuer: str, public: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -64,7 +66,7 @@ def make_ca(folder: Path, names: list[str], addresses: list[str]) -> RigCA:
         .sign(ca_key, hashes.SHA256())
     )
     key = _key(folder / "server.key")
-    alt = [x509.DNSName(n) for n in names]
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
     alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
     cert = (
         _builder("cleveragents rig", "cleveragents rig CA", key.public_key())
