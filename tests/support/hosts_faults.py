@@ -230,3 +230,16 @@ def partition_host(host: Host, seconds: float) -> Callable[[], None]:
             host.heal()
 
     return partition
+
+
+def lose_and_restart(host: Host, down_s: float, restart: Callable[[], None]) -> Callable[[], None]:
+    """The fault: ``host`` vanishes for ``down_s`` seconds, then boots and ``restart``s its
+    servers (a Redis on its append-only file, a RabbitMQ node that rejoins its cluster)."""
+
+    def reboot() -> None:
+        host.lose()
+        time.sleep(down_s)  # how long the machine is away is the fault itself
+        host.revive()
+        restart()
+
+    return reboot
