@@ -119,7 +119,8 @@ def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord]
             record = chaos.once()
             print(f"  {time.strftime('%H:%M:%S')} {record.name} (during a write: "
                   f"{record.during_write}): probe {record.probe_s:.1f} s, drain "
-                  f"{record.drain_s:.1f} s ({record.caught} caught)", file=sys.stderr, flush=True)
+                  f"{record.drain_s:.1f} s ({record.caught} caught), the fault "
+                  f"{record.lasted_s:.1f} s", file=sys.stderr, flush=True)
         fleet.stop_load(timeout=args.minutes * 60 + 300)
         tally = fleet.tally()
         return tally, fleet.faults, time.monotonic() - started
@@ -129,7 +130,9 @@ def by_kind(faults: list[FaultRecord]) -> dict[str, dict[str, Any]]:
     kinds: dict[str, dict[str, Any]] = {}
     for record in faults:
         row = kinds.setdefault(record.name, {"count": 0, "during_write": 0, "probe_s": 0.0,
-                                             "drain_s": 0.0})
+                                             "drain_s": 0.0, "after_end_s": 0.0})
+        after = max(record.probe_s, record.drain_s) - record.lasted_s
+        row["after_end_s"] = round(max(row["after_end_s"], after), 1)
         row["count"] += 1
         row["during_write"] += int(record.during_write)
         row["probe_s"] = round(max(row["probe_s"], record.probe_s), 1)
@@ -150,10 +153,11 @@ def print_report(args: argparse.Namespace, tally: Tally, faults: list[FaultRecor
     print(f"answered write_interrupted: {tally.write_interrupted}")
     print("failed results: " + (", ".join(f"{k} {v}" for k, v in tally.failures.items())
                                 or "none"))
-    print("faults (count, during a write, longest probe, longest drain):")
+    print("faults (count, during a write; longest probe, drain, and recovery past the "
+          "fault's end):")
     for kind, row in sorted(by_kind(faults).items()):
         print(f"  {kind:<26} {row['count']:>3} {row['during_write']:>3} "
-              f"{row['probe_s']:>7.1f} s {row['drain_s']:>7.1f} s")
+              f"{row['probe_s']:>7.1f} s {row['drain_s']:>7.1f} s {row['after_end_s']:>7.1f} s")
     print("HELD" if tally.held else "BROKEN: lost, duplicate writes or broken batches")
 
 

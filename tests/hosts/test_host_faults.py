@@ -68,7 +68,8 @@ def test_a_lost_worker_host_loses_nothing_and_runs_no_write_twice(rig: HostsRig)
     assert during_write, "no write was running on work2 when it was lost"
     assert tally.lost == 0, tally
     assert tally.duplicate_writes == 0, tally
-    assert tally.batches == 1 and tally.batches_broken == 0, tally
+    assert tally.batches == 1, tally
+    assert tally.batches_broken == 0, tally
     assert tally.sent > 20, tally
     # And a new invocation was served within the recovery time; what the host held came
     # back, its running write answered once its claim's deadline passed
@@ -95,7 +96,8 @@ def test_a_partitioned_worker_host_runs_no_write_twice_and_catches_up(rig: Hosts
     assert during_write, "no write was running on work1 when it was cut off"
     assert tally.lost == 0, tally
     assert tally.duplicate_writes == 0, tally
-    assert tally.batches == 1 and tally.batches_broken == 0, tally
+    assert tally.batches == 1, tally
+    assert tally.batches_broken == 0, tally
     # And work2 served new invocations within the recovery time; the caught work ended
     # within the partition's length plus the recovery time
     assert record.probe_s < RECOVERY_S + SLACK_S, record

@@ -47,6 +47,7 @@ class FaultRecord:
     probe_s: float = float("inf")
     drain_s: float = float("inf")
     caught: int = 0  # invocations unanswered when it began
+    lasted_s: float = 0.0  # how long the fault itself went on (a partition, a reboot)
 
 
 @dataclass
@@ -161,6 +162,7 @@ class Fleet:
                                  daemon=True)
         watch.start()
         action()
+        record.lasted_s = time.monotonic() - started
         watch.join(WATCH_S + 10)
         self.faults.append(record)
         return record
