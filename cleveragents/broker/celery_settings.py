@@ -19,6 +19,7 @@ from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
+from cleveragents.broker.redis.sockets import keepalive_options
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
 from cleveragents.constants import (
     HARD_LIMIT_GRACE_S,
@@ -258,6 +259,9 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # Find dead connections to Redis before a command hangs on them.
         "health_check_interval": 10,
         "socket_keepalive": True,
+        # A lost Redis host's half-open connections dropped within HALF_OPEN_S, not hours
+        # (cleveragents/broker/redis/sockets.py).
+        "socket_keepalive_options": keepalive_options(),
         "socket_timeout": 30,
         "socket_connect_timeout": 10,
         # A worker's commands are sent again once when Redis does not answer in time.
@@ -367,6 +371,10 @@ def _resilience() -> dict[str, Any]:
         "result_backend_max_retries": 20,
         "redis_backend_health_check_interval": 10,
         "redis_socket_keepalive": True,
+        # A read of results on a half-open connection (a lost Redis host) fails after
+        # this, not Celery's 120 s; a worker's backend and the stores also drop one within
+        # HALF_OPEN_S (cleveragents/broker/redis/sockets.py).
+        "redis_socket_timeout": 30,
         "redis_retry_on_timeout": True,
     }
 

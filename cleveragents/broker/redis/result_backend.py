@@ -27,6 +27,7 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
+from cleveragents.broker.redis.sockets import keepalive_options
 from cleveragents.stores.redis_retry import say_away, say_back
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
@@ -68,6 +69,13 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
     _get_result_meta: Any
     expires: Any
     failure_expires: Any
+    connparams: dict[str, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A lost Redis host's half-open connections dropped within seconds, for the
+        # results and for the stores, which share this pool (broker/redis/sockets.py).
+        self.connparams.update(socket_keepalive=True, socket_keepalive_options=keepalive_options())
 
     def ensure(self, fun: Any, args: Any, **policy: Any) -> Any:
         """Celery's retries of a store while Redis is away, said as the stores say theirs:
