@@ -24,11 +24,6 @@ from tests.support.hosts_rig import HostsRig, Layout, hosts_rig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-_missing = netns.missing()
-if _missing is not None:  # only where namespaces cannot be made at all
-    pytest.skip(f"the multi-host rig needs network namespaces: {_missing}",
-                allow_module_level=True)
-
 #: CLEVERAGENTS_RECOVERY_S of the rig's fleet.
 RECOVERY_S = 4.0
 #: Each request's timeout: a write caught running on a lost host holds its claim for this
@@ -40,6 +35,9 @@ SLACK_S = 6.0
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostsRig]:
+    missing = netns.missing()
+    if missing is not None:  # only where namespaces cannot be made at all
+        pytest.skip(f"the multi-host rig needs network namespaces: {missing}")
     root = Path(tmp_path_factory.mktemp("hosts"))
     with hosts_rig(root, Layout(tls=True, recovery_s=RECOVERY_S)) as made:
         made.start_worker("work1")
