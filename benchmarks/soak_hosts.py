@@ -74,9 +74,9 @@ class Chaos:
         kind = self.rng.choice(self.kinds())
         workers = [f"work{n}" for n in range(1, self.args.hosts + 1)]
         victim = self.rig.host(self.rng.choice(workers))
-        during_write = self.fleet.writing_on(victim, timeout=10)
+        self.fleet.writing_on(victim, timeout=10)
         action, name = self._action(kind, victim)
-        record = self.fleet.fault(name, action, during_write=during_write)
+        record = self.fleet.fault(name, action, victim=victim)
         if kind == "worker host lost":
             victim.revive()
             self.rig.start_worker(victim.name)

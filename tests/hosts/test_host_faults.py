@@ -57,13 +57,13 @@ def test_a_lost_worker_host_loses_nothing_and_runs_no_write_twice(rig: HostsRig)
     # Given load on both worker hosts, and work2 running a write
     fleet = _load(rig, "lost")
     victim = rig.host("work2")
-    during_write = fleet.writing_on(victim)
+    assert fleet.writing_on(victim), "no write ran on work2"
     # When work2 vanishes: link down, every process killed, no FIN or RST sent
-    record = fleet.fault("work2 lost", lose_host(victim), during_write=during_write)
+    record = fleet.fault("work2 lost", lose_host(victim), victim=victim)
     fleet.stop_load()
     tally = fleet.tally()
     # Then nothing is lost and no write ran twice
-    assert during_write, "no write was running on work2 when it was lost"
+    assert record.during_write, "no write was running on work2 when it was lost"
     assert tally.lost == 0, tally
     assert tally.duplicate_writes == 0, tally
     assert tally.batches == 1, tally
@@ -83,15 +83,14 @@ def test_a_partitioned_worker_host_runs_no_write_twice_and_catches_up(rig: Hosts
     # Given load on both worker hosts, and work1 running a write
     fleet = _load(rig, "cut")
     victim = rig.host("work1")
-    during_write = fleet.writing_on(victim)
+    assert fleet.writing_on(victim), "no write ran on work1"
     # When work1 is cut off for 10 s mid-write, then healed
-    record = fleet.fault("work1 partitioned 10 s", partition_host(victim, 10),
-                         during_write=during_write)
+    record = fleet.fault("work1 partitioned 10 s", partition_host(victim, 10), victim=victim)
     fleet.stop_load()
     tally = fleet.tally()
     # Then nothing is lost and no write ran twice (its message went to work2, which
     # waited on the claim of the run that went on behind the partition)
-    assert during_write, "no write was running on work1 when it was cut off"
+    assert record.during_write, "no write was running on work1 when it was cut off"
     assert tally.lost == 0, tally
     assert tally.duplicate_writes == 0, tally
     assert tally.batches == 1, tally

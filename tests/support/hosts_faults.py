@@ -150,11 +150,17 @@ class Fleet:
             time.sleep(0.05)
         return False
 
-    def fault(self, name: str, action: Callable[[], None], *, during_write: bool) -> FaultRecord:
+    def fault(self, name: str, action: Callable[[], None], *, victim: Host) -> FaultRecord:
         """Do ``action`` (the fault: it returns once it is over, e.g. healed) and measure the
-        recovery from its start while it goes on."""
-        record = FaultRecord(name, during_write)
+        recovery from its start while it goes on. ``during_write``: a write had started on
+        ``victim`` and was unanswered as the fault began."""
         caught = self.unanswered()
+        sent, _ = self.sent()
+        waiting = set(caught)
+        record = FaultRecord(name, any(
+            key in waiting and sent[key]["tool"] == WRITE and victim.owns(pid)
+            for key, pid, _ in self.records.lines()
+        ))
         record.caught = len(caught)
         probe = self.probe()
         started = time.monotonic()
