@@ -63,6 +63,9 @@ def start_sentinels(rig: HostsRig) -> None:
         host.start(["redis-server", str(conf), "--sentinel"], log=folder / "sentinel.log")
         wait_for(lambda h=host: "PONG" in h.run(["redis-cli", "-p", str(SENTINEL_PORT),
                                                   "ping"]).stdout, 20, f"sentinel on {name}")
+    ask = ["redis-cli", "-p", str(SENTINEL_PORT), "sentinel", "ckquorum", "mymaster"]
+    wait_for(lambda: rig.host("prod").run(ask).stdout.startswith("OK 3 usable"), 30,
+             "three Sentinels that know each other (SENTINEL CKQUORUM)", interval=0.5)
 
 
 def _rabbit_files(rig: HostsRig, name: str, nodes: list[str]) -> dict[str, str]:
