@@ -28,7 +28,7 @@ from typing import Any
 from cleveragents.client import SkillClient
 from cleveragents.skills import SkillResult
 from tests.support.fault_rig import READ, WRITE, Records, reason, request, submit
-from tests.support.hosts_rig import HostsRig, _clean_env, wait_for
+from tests.support.hosts_rig import HostsRig, fleet_process_env, wait_for
 from tests.support.netns import Host
 from tests.support.procs import REPO
 
@@ -92,7 +92,7 @@ class Fleet:
             argv += [f"--{name.replace('_', '-')}", str(value)]
         env = {**self.rig.env(), "CLEVERAGENTS_HOME": str(self.out / "home"),
                "PYTHONPATH": str(REPO)}
-        self.proc = self.rig.host("prod").start(argv, env=_clean_env(env), cwd=REPO,
+        self.proc = self.rig.host("prod").start(argv, env=fleet_process_env(env), cwd=REPO,
                                                 log=self.out / "load.log")
 
     def stop_load(self, timeout: float = 300) -> None:

@@ -189,7 +189,7 @@ class HostsRig:
                 "--concurrency", str(self.layout.concurrency), "--hostname",
                 f"{folder.name}@{name}", "--without-mingle", "--without-gossip"]
         worker = RigWorker(host, folder)
-        worker.proc = host.start(argv, env=_clean_env(env), log=worker.log, cwd=REPO)
+        worker.proc = host.start(argv, env=fleet_process_env(env), log=worker.log, cwd=REPO)
         self.workers.append(worker)
         wait_for(lambda: ready.exists() or not worker.alive(), timeout, f"a worker on {name}")
         if not worker.alive():
@@ -211,7 +211,7 @@ class HostsRig:
         self.net.close()
 
 
-def _clean_env(env: dict[str, str]) -> dict[str, str]:
+def fleet_process_env(env: dict[str, str]) -> dict[str, str]:
     """The environment of a rig process: this one's without CLEVERAGENTS_*, plus ``env``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CLEVERAGENTS_")}
     return {**base, **env}
