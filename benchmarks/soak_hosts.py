@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import random
 import shlex
@@ -54,15 +55,31 @@ from tests.support.hosts_faults import (  # noqa: E402
     partition_host,
 )
 from tests.support.hosts_rig import HostsRig, Layout, hosts_rig  # noqa: E402
-from tests.support.hosts_services import await_node, start_rabbit_node  # noqa: E402
+from tests.support.hosts_services import restart_rabbit_node  # noqa: E402
 
 
 class Chaos:
-    """Picks and does the faults, and brings lost worker hosts back."""
+    """Picks and does the faults, brings lost worker hosts back, and restarts a worker that
+    exited by itself (as a supervisor or a container's restart policy would)."""
 
     def __init__(self, rig: HostsRig, fleet: Fleet, args: argparse.Namespace) -> None:
         self.rig, self.fleet, self.args = rig, fleet, args
         self.rng = random.Random(args.seed)
+        self.exits: list[str] = []  # workers that exited by themselves, and why
+
+    def supervise(self) -> None:
+        """Start a new worker on every worker host whose worker exited by itself."""
+        for n in range(1, self.args.hosts + 1):
+            name = f"work{n}"
+            mine = [w for w in self.rig.workers if w.host.name == name]
+            if mine and not any(w.alive() for w in mine):
+                last = mine[-1].log.read_text(errors="replace")
+                why = next((line.split("] ", 1)[-1] for line in reversed(last.splitlines())
+                            if "CRITICAL" in line), "no CRITICAL line")
+                self.exits.append(f"{name}: {why[:160]}")
+                print(f"  worker on {name} exited ({why[:160]}); starting another",
+                      file=sys.stderr, flush=True)
+                self.rig.start_worker(name)
 
     def kinds(self) -> list[str]:
         third = "redis host lost" if self.args.topology == "redis" else "rabbitmq node lost"
@@ -93,12 +110,8 @@ class Chaos:
             host = self.rig.host("redis1")
             return lose_and_restart(host, down_s, lambda: self.rig.start_redis("redis1")), kind
         node = self.rng.choice(["rmq1", "rmq2", "rmq3"])
-
-        def restart() -> None:
-            start_rabbit_node(self.rig, node)
-            await_node(self.rig, node)
-
-        return lose_and_restart(self.rig.host(node), down_s, restart), f"{node} lost"
+        restart = functools.partial(restart_rabbit_node, self.rig, node)
+        return lose_and_restart(self.rig.host(node), down_s + 5, restart), f"{node} lost"
 
 
 def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord], float]:
@@ -116,6 +129,7 @@ def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord]
         end = started + args.minutes * 60
         while time.monotonic() + args.chaos_every < end:
             time.sleep(args.chaos_every)  # the pace of the chaos
+            chaos.supervise()
             record = chaos.once()
             print(f"  {time.strftime('%H:%M:%S')} {record.name} (during a write: "
                   f"{record.during_write}): probe {record.probe_s:.1f} s, drain "
@@ -123,6 +137,7 @@ def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord]
                   f"{record.lasted_s:.1f} s", file=sys.stderr, flush=True)
         fleet.stop_load(timeout=args.minutes * 60 + 300)
         tally = fleet.tally()
+        tally.failures.update({f"worker exited: {why}": 1 for why in chaos.exits})
         return tally, fleet.faults, time.monotonic() - started
 
 
