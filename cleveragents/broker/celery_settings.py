@@ -19,7 +19,6 @@ from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
-from cleveragents.broker.redis.sockets import keepalive_options
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
 from cleveragents.constants import (
     HARD_LIMIT_GRACE_S,
@@ -34,6 +33,7 @@ from cleveragents.errors import ConfigurationError
 from cleveragents.pipeline.guard import CLAIM_GRACE_S
 from cleveragents.settings import BACKEND_FORMS, BROKER_FORMS, MessageSigning, Settings, shown_url
 from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
+from cleveragents.stores.redis_sockets import keepalive_options
 
 __all__ = [
     "EMBEDDED_SCHEME",
@@ -260,7 +260,7 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         "health_check_interval": 10,
         "socket_keepalive": True,
         # A lost Redis host's half-open connections dropped within HALF_OPEN_S, not hours
-        # (cleveragents/broker/redis/sockets.py).
+        # (cleveragents/stores/redis_sockets.py).
         "socket_keepalive_options": keepalive_options(),
         "socket_timeout": 30,
         "socket_connect_timeout": 10,
@@ -373,7 +373,7 @@ def _resilience() -> dict[str, Any]:
         "redis_socket_keepalive": True,
         # A read of results on a half-open connection (a lost Redis host) fails after
         # this, not Celery's 120 s; a worker's backend and the stores also drop one within
-        # HALF_OPEN_S (cleveragents/broker/redis/sockets.py).
+        # HALF_OPEN_S (cleveragents/stores/redis_sockets.py).
         "redis_socket_timeout": 30,
         "redis_retry_on_timeout": True,
     }

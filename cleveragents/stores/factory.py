@@ -44,6 +44,7 @@ from cleveragents.stores.redis import (
     RedisMetricStore,
     RedisResultStore,
 )
+from cleveragents.stores.redis_sockets import harden
 
 __all__ = ["Stores", "audit_secret", "open_stores"]
 
@@ -89,6 +90,7 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
     expires = int(getattr(backend, "expires", 0) or 0) or None
     marks = (settings.broker_url or "").partition("://")[0].lower() in MARKING_SCHEMES
     if isinstance(client, redis.Redis):
+        harden(client)  # a lost Redis host's half-open links dropped within seconds
         return Stores(
             guard=RedisGuardStore(
                 client, ttl_s=settings.result_expires_s, marks_redeliveries=marks, scripted=worker

@@ -1,5 +1,5 @@
 """Every connection to Redis drops a half-open link within seconds (a lost Redis host sends
-no FIN or RST): cleveragents/broker/redis/sockets.py, measured in the multi-host rig."""
+no FIN or RST): cleveragents/stores/redis_sockets.py, measured in the multi-host rig."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from celery import Celery
 
 from cleveragents.broker.celery_settings import celery_settings
 from cleveragents.broker.redis.result_backend import RedisBackend
-from cleveragents.broker.redis.sockets import HALF_OPEN_S
+from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
+from cleveragents.stores.redis_sockets import HALF_OPEN_S
 
 
 def _timeouts(sock: Any) -> tuple[int, int]:
@@ -47,3 +48,20 @@ def test_a_workers_result_backend_and_stores_give_up_a_silent_peer(redis_url: st
     finally:
         backend.client.connection_pool.release(pooled)
     assert app.conf.redis_socket_timeout == 30  # producers' reads of results too
+
+
+def test_a_producers_result_reads_give_up_a_silent_peer(redis_url: str) -> None:
+    # Given a producer, whose result backend is Celery's own (no keepalive options)
+    client = SkillClient(settings=Settings.from_env({"CLEVERAGENTS_BROKER_URL": redis_url}))
+    try:
+        # When it reads results (the stores share the backend's pool)
+        assert client.results.get_payloads(["nobody"]) == [None]
+        redis_client: Any = getattr(client.app.backend, "client")  # noqa: B009
+        pooled = redis_client.connection_pool.get_connection()
+        try:
+            # Then its connections drop a half-open link within HALF_OPEN_S too
+            assert _timeouts(pooled._sock) == (HALF_OPEN_S * 1000, 1)
+        finally:
+            redis_client.connection_pool.release(pooled)
+    finally:
+        client.close()

@@ -27,8 +27,8 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
-from cleveragents.broker.redis.sockets import keepalive_options
 from cleveragents.stores.redis_retry import say_away, say_back
+from cleveragents.stores.redis_sockets import keepalive_options
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = [
@@ -74,7 +74,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # A lost Redis host's half-open connections dropped within seconds, for the
-        # results and for the stores, which share this pool (broker/redis/sockets.py).
+        # results and for the stores, which share this pool (stores/redis_sockets.py).
         self.connparams.update(socket_keepalive=True, socket_keepalive_options=keepalive_options())
 
     def ensure(self, fun: Any, args: Any, **policy: Any) -> Any:

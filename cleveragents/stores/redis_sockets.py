@@ -19,7 +19,15 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["HALF_OPEN_S", "KEEPALIVE_IDLE_S", "KEEPALIVE_INTERVAL_S", "keepalive_options"]
+import redis
+
+__all__ = [
+    "HALF_OPEN_S",
+    "KEEPALIVE_IDLE_S",
+    "KEEPALIVE_INTERVAL_S",
+    "harden",
+    "keepalive_options",
+]
 
 #: Seconds of unacknowledged data (or of unanswered keepalive probes) that end a connection.
 HALF_OPEN_S = 10
@@ -40,3 +48,12 @@ def keepalive_options() -> dict[int, int]:
     }
     return {getattr(socket, name): value for name, value in wanted.items()
             if hasattr(socket, name)}
+
+
+def harden(client: redis.Redis) -> redis.Redis:
+    """``client``'s pool opens its next connections with ``keepalive_options`` (a producer's
+    result backend is Celery's own, which passes none); returns ``client``."""
+    pool = client.connection_pool
+    pool.connection_kwargs.update(socket_keepalive=True,
+                                  socket_keepalive_options=keepalive_options())
+    return client
