@@ -18,7 +18,7 @@ victim first:
 * a worker host partitioned for ``--partition-s`` seconds, then healed;
 * ``redis``: the Redis host lost for 10-20 s, then Redis restarted on its append-only
   file (no Sentinel yet: the fleet waits for it);
-* ``rabbitmq``: a RabbitMQ node lost for 10-20 s, then started again (it rejoins).
+* ``rabbitmq``: a RabbitMQ node lost for 15-25 s, then started again (it rejoins).
 
 For each fault: ``probe`` (a read sent as it began, until its result) and ``drain`` (the
 invocations it caught unanswered, until the last result). At the end: invocations,
