@@ -137,7 +137,7 @@ def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord]
                   f"{record.lasted_s:.1f} s", file=sys.stderr, flush=True)
         fleet.stop_load(timeout=args.minutes * 60 + 300)
         tally = fleet.tally()
-        tally.failures.update({f"worker exited: {why}": 1 for why in chaos.exits})
+        args.worker_exits = chaos.exits
         return tally, fleet.faults, time.monotonic() - started
 
 
@@ -168,6 +168,9 @@ def print_report(args: argparse.Namespace, tally: Tally, faults: list[FaultRecor
     print(f"answered write_interrupted: {tally.write_interrupted}")
     print("failed results: " + (", ".join(f"{k} {v}" for k, v in tally.failures.items())
                                 or "none"))
+    print(f"workers that exited by themselves (restarted): {len(args.worker_exits)}")
+    for why in args.worker_exits:
+        print(f"  {why}")
     print("faults (count, during a write; longest probe, drain, and recovery past the "
           "fault's end):")
     for kind, row in sorted(by_kind(faults).items()):
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         fields = {f.name: getattr(tally, f.name) for f in dataclasses.fields(tally)}
-        print(json.dumps({**fields, "held": tally.held,
+        print(json.dumps({**fields, "held": tally.held, "worker_exits": args.worker_exits,
                           "faults": by_kind(faults), "elapsed_s": round(elapsed, 1)}))
     else:
         print_report(args, tally, faults, elapsed)
