@@ -8,7 +8,6 @@ its own app. The embedded default's server it names is started by
 
 from __future__ import annotations
 
-import socket
 import ssl
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -42,6 +41,7 @@ from cleveragents.settings import (
     shown_url,
 )
 from cleveragents.skills.policies import LONGEST_RETRY_DELAY_S
+from cleveragents.stores.redis_sockets import keepalive_options
 
 __all__ = [
     "HEALTH_CHECK_S",
@@ -50,7 +50,6 @@ __all__ = [
     "SENTINEL_TRANSPORT",
     "SOCKET_TRANSPORT",
     "STOCK_VISIBILITY_MARGIN_S",
-    "TCP_KEEPALIVE",
     "broker_of",
     "celery_settings",
     "consumer_transport",
@@ -73,11 +72,6 @@ SENTINEL_TRANSPORT = "cleveragents.broker.redis.sentinel:SentinelTransport"
 REDIS_TRANSPORT_SCHEMES = ("redis", "rediss", *SENTINEL_SCHEMES)
 #: URL schemes of kombu's Redis transport.
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "socket://")
-#: TCP keepalive of every Redis connection a worker or producer opens through kombu
-#: (Linux): an idle connection whose peer vanished (a lost host: no FIN, no RST) is
-#: found dead after 5 s idle plus 3 probes 2 s apart, 11 s; a command in flight on one
-#: fails at ``REDIS_SOCKET_TIMEOUT_S``. docs/guarantees.md states the bound.
-TCP_KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
 #: kombu's and redis-py's health checks of Redis connections, in seconds
 #: (``_redis_transport_options``).
 HEALTH_CHECK_S = 3
@@ -333,6 +327,8 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # connection: within 1 + 2 x 3 s; kombu's default 25 s made it 51 s, 10 s 21 s).
         "health_check_interval": HEALTH_CHECK_S,
         "socket_keepalive": True,
+        # A lost Redis host's half-open connections dropped within HALF_OPEN_S, not hours
+        # (cleveragents/stores/redis_sockets.py).
         "socket_keepalive_options": keepalive_options(),
         "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": 5,
@@ -355,16 +351,6 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # No message priorities are used: one Redis list per queue instead of
         # kombu's four, so a fetch waits on 4 keys, not 16.
         "priority_steps": [0],
-    }
-
-
-def keepalive_options() -> dict[int, int]:
-    """``TCP_KEEPALIVE`` as redis-py's ``socket_keepalive_options`` (the options this
-    system's ``socket`` module has)."""
-    return {
-        getattr(socket, name): value
-        for name, value in TCP_KEEPALIVE.items()
-        if hasattr(socket, name)
     }
 
 

@@ -38,6 +38,7 @@ from cleveragents.stores.redis import (
     RedisMetricStore,
     RedisResultStore,
 )
+from cleveragents.stores.redis_sockets import harden
 from cleveragents.stores.replication import ReplicaWait
 
 __all__ = ["Stores", "audit_secret", "open_stores"]
@@ -88,6 +89,7 @@ def open_stores(settings: Settings, backend: Any, *, worker: bool = False) -> St
             "sentinel://): the guard, batches, approvals and the audit trail are kept "
             "beside the results"
         )
+    harden(client)  # a lost Redis host's half-open links dropped within seconds
     expires = int(getattr(backend, "expires", 0) or 0) or None
     scheme = (settings.broker_url or "").partition("://")[0].lower()
     marks = settings.embedded or scheme in MARKING_SCHEMES

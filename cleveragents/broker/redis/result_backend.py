@@ -16,7 +16,7 @@ path before the URL, ``cleveragents/worker/startup.py``), and on a ``sentinel://
 ``SentinelBackend``, the same over Celery's Sentinel backend (its connections find the
 primary through the Sentinels each time they connect); producers, Flower and every
 reader keep Celery's own, which reads the same keys. A worker's connections also
-carry the fleet's TCP keepalive (``celery_settings.TCP_KEEPALIVE``).
+carry the fleet's TCP keepalive (``stores/redis_sockets.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
-from cleveragents.broker.celery_settings import keepalive_options
 from cleveragents.stores.redis_retry import say_away, say_back
+from cleveragents.stores.redis_sockets import keepalive_options
 from cleveragents.stores.replication import ReplicaWait
 from cleveragents.stores.state_lua import STORE_STATE_LUA
 
