@@ -12,20 +12,18 @@ a minute, so a running batch goes on after a crash of its server.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import redis
-
 from cleveragents.embedded.server import START_TIMEOUT_S, ServerPaths, ServerRecord
 
-__all__ = ["main", "server_command"]
+__all__ = ["main", "run_id", "server_command"]
 
 #: How many crashes a minute the keeper starts its server again after.
 MAX_RESTARTS = 5
@@ -46,18 +44,51 @@ def server_command(binary: str, paths: ServerPaths) -> list[str]:
     ]
 
 
+def run_id(path: Path) -> str | None:
+    """The run id of the server answering on socket ``path``; None while none answers (or
+    it loads its data). Plain RESP: a keeper does without a client library's import."""
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(5)
+        try:
+            conn.connect(str(path))
+            conn.sendall(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+            reply = _bulk_reply(conn)
+        except OSError:
+            return None
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("run_id:"):
+            return line.partition(":")[2].strip()
+    return None  # an error reply (-LOADING) or a short one
+
+
+def _bulk_reply(conn: socket.socket) -> bytes:
+    """One RESP reply, whole: a bulk string (``$<length>``) read to its end, else its line."""
+    reply = b""
+    while b"\r\n" not in reply:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return reply
+        reply += chunk
+    head, _, body = reply.partition(b"\r\n")
+    if not head.startswith(b"$") or not head[1:].isdigit():
+        return reply  # an error (-LOADING) or a null reply
+    while len(body) < int(head[1:]):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return body
+
+
 def _started(binary: str, paths: ServerPaths) -> tuple[subprocess.Popen[bytes], str]:
     """Start the server; return it and its run id once it answers."""
     server = subprocess.Popen(server_command(binary, paths), stdin=subprocess.DEVNULL)
-    client = redis.Redis(unix_socket_path=str(paths.socket), socket_timeout=5)
     deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline and server.poll() is None:
-            with contextlib.suppress(redis.ConnectionError, redis.BusyLoadingError, OSError):
-                return server, str(client.info("server")["run_id"])
-            time.sleep(0.005)
-    finally:
-        client.close()
+    while time.monotonic() < deadline and server.poll() is None:
+        found = run_id(paths.socket)
+        if found:
+            return server, found
+        time.sleep(0.005)
     server.kill()
     raise SystemExit(f"the embedded server did not start ({binary} exited {server.wait()})")
 
