@@ -97,7 +97,10 @@ class Broker:
     def env(self) -> dict[str, str]:
         """The settings of a producer or exporter on this broker."""
         if self.home is not None:
-            return {"CLEVERAGENTS_HOME": self.home}
+            # A command on the embedded home starts a local worker itself (submit --wait):
+            # it serves the test catalogue too, as the test's own workers do.
+            catalogue = os.pathsep.join([str(FIXTURE_SKILLS), str(EXAMPLE_SKILLS)])
+            return {"CLEVERAGENTS_HOME": self.home, "CLEVERAGENTS_CATALOGUE": catalogue}
         return {"CLEVERAGENTS_BROKER_URL": self.url, "CLEVERAGENTS_RESULT_BACKEND": self.backend}
 
     def settings(self) -> Settings:

@@ -9,7 +9,7 @@ from typing import Any
 import kombu
 from celery import Celery
 
-from cleveragents.broker.celery_settings import celery_settings
+from cleveragents.broker.celery_settings import REDIS_SOCKET_TIMEOUT_S, celery_settings
 from cleveragents.broker.redis.result_backend import RedisBackend
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
@@ -47,7 +47,7 @@ def test_a_workers_result_backend_and_stores_give_up_a_silent_peer(redis_url: st
         assert _timeouts(pooled._sock) == (HALF_OPEN_S * 1000, 1)
     finally:
         backend.client.connection_pool.release(pooled)
-    assert app.conf.redis_socket_timeout == 30  # producers' reads of results too
+    assert app.conf.redis_socket_timeout == REDIS_SOCKET_TIMEOUT_S  # producers' reads too
 
 
 def test_a_producers_result_reads_give_up_a_silent_peer(redis_url: str) -> None:
