@@ -22,7 +22,7 @@ from cleveragents.embedded import server as home_server
 from cleveragents.embedded.server import ServerPaths, ServerRecord, join_server, leave_server
 from cleveragents.errors import EmbeddedServerUnavailable
 from tests.embedded.test_embedded_concurrency import cli_env, processes_using
-from tests.support.procs import wait_until
+from tests.support.procs import process_alive, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,7 +127,7 @@ def test_a_server_whose_keeper_died_is_stopped_and_replaced_its_data_kept(home: 
     client.set("cleveragents:test:kept", "1")
     orphan = _server_pid(paths)
     os.kill(record.keeper, signal.SIGKILL)
-    wait_until(lambda: not _alive(record.keeper), 10, "the keeper to die")
+    wait_until(lambda: not process_alive(record.keeper), 10, "the keeper to die")
     leave_server(home)
     # When the home is used again
     join_server(home)
@@ -136,7 +136,7 @@ def test_a_server_whose_keeper_died_is_stopped_and_replaced_its_data_kept(home: 
         again = ServerRecord.read(paths.record)
         assert again is not None
         assert again.run_id != record.run_id
-        wait_until(lambda: not _alive(orphan), 10, "the orphaned server to stop")
+        wait_until(lambda: not process_alive(orphan), 10, "the orphaned server to stop")
         assert client.get("cleveragents:test:kept") == b"1"
     finally:
         client.close()
@@ -179,12 +179,3 @@ def test_results_outlive_the_server_which_stops_with_its_last_user(home: Path) -
 def _recorded_run_id(paths: ServerPaths) -> str | None:
     record = ServerRecord.read(paths.record)
     return None if record is None else record.run_id
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[-1].split()
-    return bool(stat) and stat[0] not in ("Z", "X")

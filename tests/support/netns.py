@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.procs import process_alive
+
 #: Every rig's names start with this (a run adds four hex digits).
 PREFIX = "carig"
 #: The rig's addresses: one /24 of this per run, picked free.
@@ -66,15 +68,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
-
-
 def namespace_pids(ns: str) -> list[int]:
     """Every process whose network namespace is ``ns``."""
     done = _ip("netns", "pids", ns, check=False)
@@ -84,7 +77,7 @@ def namespace_pids(ns: str) -> list[int]:
 def kill_namespace(ns: str, timeout: float = 10.0) -> None:
     """SIGKILL every process in ``ns`` until none is left (a fork during the kill too)."""
     deadline = time.monotonic() + timeout
-    while pids := [p for p in namespace_pids(ns) if _alive(p)]:
+    while pids := [p for p in namespace_pids(ns) if process_alive(p)]:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -292,7 +285,7 @@ def cleanup_leftovers(prefix: str = PREFIX) -> list[str]:
     for run in sorted(runs):
         owner = STATE_ROOT / prefix / run / "owner"
         with contextlib.suppress(OSError, ValueError):
-            if _alive(int(owner.read_text().split()[0])):
+            if process_alive(int(owner.read_text().split()[0])):
                 continue
         teardown(prefix, run)
         removed.append(f"{prefix}{run}")
