@@ -298,6 +298,22 @@ def _rediss_default(url: str) -> dict[str, Any]:
     return {"broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_NONE}}
 
 
+def _redis_connection_options() -> dict[str, Any]:
+    return {
+        # Find dead connections to Redis before a command hangs on them: redis-py pings
+        # a connection idle this long before using it, and kombu drops a consumer's
+        # wait whose reply is overdue by this long, checked this often (a half-open
+        # connection: within 1 + 2 x 3 s; kombu's default 25 s made it 51 s, 10 s 21 s).
+        "health_check_interval": HEALTH_CHECK_S,
+        "socket_keepalive": True,
+        # A lost Redis host's half-open connections dropped within HALF_OPEN_S, not hours
+        # (cleveragents/stores/redis_sockets.py).
+        "socket_keepalive_options": keepalive_options(),
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": 5,
+    }
+
+
 def _redis_transport_options(settings: Settings, producer: bool = False) -> dict[str, Any]:
     # kombu's visibility sweep ran every 1 to 10 s; the reaper of dead holders runs
     # from the same timer, every reap_s, and the sweep keeps its own pace.
@@ -321,17 +337,7 @@ def _redis_transport_options(settings: Settings, producer: bool = False) -> dict
         # swept, however long its tool runs; under kombu's own transport (the fallback)
         # it would be, so the timeout there outlasts the longest hold.
         "visibility_timeout": visibility_s,
-        # Find dead connections to Redis before a command hangs on them: redis-py pings
-        # a connection idle this long before using it, and kombu drops a consumer's
-        # wait whose reply is overdue by this long, checked this often (a half-open
-        # connection: within 1 + 2 x 3 s; kombu's default 25 s made it 51 s, 10 s 21 s).
-        "health_check_interval": HEALTH_CHECK_S,
-        "socket_keepalive": True,
-        # A lost Redis host's half-open connections dropped within HALF_OPEN_S, not hours
-        # (cleveragents/stores/redis_sockets.py).
-        "socket_keepalive_options": keepalive_options(),
-        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
-        "socket_connect_timeout": 5,
+        **_redis_connection_options(),
         # A worker's commands are sent again once when Redis does not answer in time.
         # A producer's are not: kombu batches a publish into one pipeline only on a
         # connection that never sends one again (a pipeline sent twice publishes every
