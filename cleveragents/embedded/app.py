@@ -25,7 +25,7 @@ from celery import Celery
 from celery.signals import worker_ready
 from redis import RedisError
 
-from cleveragents.broker.redis.liveness import holds_messages
+from cleveragents.broker.redis.liveness import forget_holders, holds_messages
 from cleveragents.embedded.runner import LOCAL_WORKER_ENV, home_client
 from cleveragents.embedded.share import HomeShare
 from cleveragents.settings import Settings
@@ -49,6 +49,8 @@ def _orphaned(share: HomeShare, home: Path, pid: int) -> bool:
         client = home_client(home)
         try:
             idle = not holds_messages(client, pid)
+            if idle:  # its heartbeat goes with it: no wait takes it for a worker
+                forget_holders(client, pid)
         finally:
             client.close()
         if idle:

@@ -30,7 +30,7 @@ from typing import IO
 
 import redis
 
-from cleveragents.broker.redis.liveness import holds_messages
+from cleveragents.broker.redis.liveness import forget_holders, holds_messages
 from cleveragents.embedded.private import FOLDER_MODE, private_folder, private_home, private_opener
 from cleveragents.embedded.server import join_server, leave_server
 from cleveragents.embedded.share import (
@@ -130,6 +130,10 @@ def stop_worker(share: HomeShare, client: redis.Redis) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGKILL)
         _wait_until(lambda: not group_alive(record.pid), KILL_WAIT_S)
+        # Gone: its heartbeat means nothing now (a wait for a worker must not count it,
+        # and what it still held is given back at the next reap).
+        if not group_alive(record.pid):
+            forget_holders(client, record.pid)
     elif record is not None and record.alive():
         _not_ours(share, record, "left alone")
     share.clear()

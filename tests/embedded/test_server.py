@@ -12,15 +12,18 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from cleveragents.client import NoWorkerRunning, SkillClient
 from cleveragents.embedded import server as home_server
 from cleveragents.embedded.server import ServerPaths, ServerRecord, join_server, leave_server
 from cleveragents.errors import EmbeddedServerUnavailable
+from cleveragents.settings import Settings
 from tests.embedded.test_embedded_concurrency import cli_env, processes_using
 from tests.support.procs import process_alive, wait_until
 
@@ -179,3 +182,21 @@ def test_results_outlive_the_server_which_stops_with_its_last_user(home: Path) -
 def _recorded_run_id(paths: ServerPaths) -> str | None:
     record = ServerRecord.read(paths.record)
     return None if record is None else record.run_id
+
+
+def test_a_wait_right_after_a_commands_local_worker_stopped_says_no_worker_runs(
+    home: Path,
+) -> None:
+    # Given a command that ran its local worker and stopped it as it left
+    done = run_cli(home, "submit", *WORD_COUNT, "--wait")
+    assert done.returncode == 0, done.stderr
+    # When a client waits for a new invocation at once, with no worker running
+    settings = Settings.from_env({"CLEVERAGENTS_HOME": str(home)})
+    with SkillClient(settings=settings) as client:
+        handle = client.submit("local/text-tools", "local/word-count", {"text": "x"})
+        started = time.monotonic()
+        # Then it is told within seconds, not at its time-out (the stopped worker's
+        # heartbeat went with it)
+        with pytest.raises(NoWorkerRunning):
+            handle.result(timeout=30)
+        assert time.monotonic() - started < 10

@@ -53,6 +53,7 @@ __all__ = [
     "RecoveryKeys",
     "RecoveryTiming",
     "alive_key",
+    "forget_holders",
     "holders_alive",
     "holds_messages",
     "new_holder_id",
@@ -155,6 +156,19 @@ def holds_messages(client: redis.Redis, pid: int) -> bool:
             if text.removeprefix(keys.holder_prefix).startswith(mark):
                 return True
     return False
+
+
+def forget_holders(client: redis.Redis, pid: int) -> int:
+    """Delete the heartbeat keys of process ``pid`` on this host, once it is gone: what it
+    held is given back at the next reap, not once its keys expire, and a wait for a worker
+    no longer takes it for one. Returns how many were deleted."""
+    host = socket.gethostname()
+    keys = [
+        key
+        for prefix in ("", RecoveryKeys.of(True).holder_prefix)
+        for key in client.scan_iter(match=f"{ALIVE_KEY_PREFIX}{prefix}{host}:{pid}:*", count=1000)
+    ]
+    return int(client.delete(*keys)) if keys else 0
 
 
 def new_holder_id(prefix: str = "") -> str:
