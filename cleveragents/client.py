@@ -550,7 +550,7 @@ class SkillClient:
         found = stored_payload(meta.get("result"), request_id).get("trace_id")
         return found if isinstance(found, str) else None
 
-    def _redis(self) -> Any:
+    def backend_redis(self) -> Any:
         """The result backend's Redis client (the embedded default's server)."""
         backend: Any = self.app.backend
         return backend.client
@@ -582,7 +582,7 @@ class SkillClient:
         """
         grace_ends = time.monotonic() + NO_WORKER_GRACE_S
         while True:
-            if holders_alive(self._redis()):
+            if holders_alive(self.backend_redis()):
                 return None
             found = self.get(request_id)
             if found is not None:

@@ -308,7 +308,7 @@ class AsyncSkillClient:
         await asyncio.wait({waiting}, timeout=grace)
         if waiting.done():
             return
-        if await self._run(holders_alive, self.sync._redis()):
+        if await self._run(holders_alive, self.sync.backend_redis()):
             return
         raise NoWorkerRunning(
             f"no result for {request_id}, and no worker serves the embedded queue under "

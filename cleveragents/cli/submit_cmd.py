@@ -12,6 +12,7 @@ import click
 from celery.result import AsyncResult
 
 from cleveragents.approvals.model import APPROVED, ApprovalError, Decision
+from cleveragents.broker.redis.liveness import holders_alive
 from cleveragents.cli.broker_check import cli_client
 from cleveragents.cli.failure_text import failure_lines
 from cleveragents.cli.render import CliFailure, print_json
@@ -277,9 +278,20 @@ def submit(
                 print_json({"request_id": request.request_id})
             else:
                 click.echo(request.request_id)
+            _say_when_nothing_serves(client, request.request_id)
             return
         trace_id = client.trace_id(request.request_id) if as_json else None
         show_result(outcome, request.request_id, as_json, trace_id)
+
+
+def _say_when_nothing_serves(client: SkillClient, request_id: str) -> None:
+    """On the embedded default with no worker running, say what runs the request."""
+    if client.settings.embedded and not holders_alive(client.backend_redis()):
+        click.echo(
+            f"note: no worker serves this home now; `cleveragents result {request_id} --wait` "
+            "starts one and prints the result (or run `cleveragents worker`)",
+            err=True,
+        )
 
 
 @click.command()
@@ -287,9 +299,10 @@ def submit(
 @click.option("--wait", is_flag=True, help="Wait until the result is there.")
 @click.option(
     "--timeout",
+    "--wait-timeout",
     type=click.FloatRange(min=0, min_open=True),
     metavar="S",
-    help="With --wait: give up after S seconds.",
+    help="With --wait: give up after S seconds (--wait-timeout: the same, as submit names it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def result(request_id: str, wait: bool, timeout: float | None, as_json: bool) -> None:

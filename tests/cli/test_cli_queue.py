@@ -183,7 +183,13 @@ def test_the_embedded_default_runs_an_invocation_with_no_server(tmp_path: Path) 
         cwd=tmp_path,
     )
     assert queued.returncode == 0, queued.stderr
-    waited = run_cli("result", "queued-1", "--wait", "--json", env=env, cwd=tmp_path)
+    # (and the command says so: nothing serves the home once it has left)
+    assert "no worker serves this home now; `cleveragents result queued-1 --wait`" in (
+        queued.stderr
+    )
+    waited = run_cli(
+        "result", "queued-1", "--wait", "--wait-timeout", "60", "--json", env=env, cwd=tmp_path
+    )
     assert waited.returncode == 0, waited.stderr
     assert json.loads(waited.stdout)["output_data"] == {"text": "HI"}
 
