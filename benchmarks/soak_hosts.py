@@ -151,7 +151,9 @@ def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord]
         fleet.stop_load(timeout=args.minutes * 60 + 300)
         tally = fleet.tally()
         args.worker_exits = chaos.exits
-        args.notes = log_notes(rig)
+        args.notes = {**log_notes(rig),
+                      "probe sends that raised (sent again under a new id)":
+                      len(fleet.probe_errors)}
         return tally, fleet.faults, time.monotonic() - started
 
 

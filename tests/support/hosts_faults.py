@@ -84,6 +84,7 @@ class Fleet:
         self.proc: Any = None
         self.faults: list[FaultRecord] = []
         self.serial = 0
+        self.probe_errors: list[str] = []  # probe sends that raised, and when
 
     def start_load(self, seconds: float, **options: Any) -> None:
         """Start the producers on ``prod`` for ``seconds`` (options: ``hosts_load``'s)."""
@@ -141,6 +142,19 @@ class Fleet:
         body = request(READ, f"{self.out.name}-probe{self.serial:04d}", self.rig.ledger)
         return submit(self.client, body)
 
+    def _send_probe(self, started: float) -> str:
+        """A probe sent while the store may be away: a send that raised (a publish that
+        met the old primary, now a replica) is counted and sent again under a new id,
+        as a caller told the send failed would."""
+        while True:
+            try:
+                return self.probe()  # waits (Celery retries the publish) while Redis is away
+            except Exception as exc:
+                self.probe_errors.append(f"{time.monotonic() - started:.1f} s: {exc!r}"[:200])
+                if time.monotonic() - started > WATCH_S:
+                    raise
+                time.sleep(0.1)
+
     # ------------------------------------------------------------------ faults
     def writing_on(self, host: Host, timeout: float = 30) -> bool:
         """Wait until a slow write (1.5 s) has just started on ``host``; False if none did."""
@@ -189,7 +203,7 @@ class Fleet:
                started: float) -> None:
         if isinstance(probe, threading.Event):
             probe.wait(WATCH_S)
-            probe = self.probe()  # waits (Celery retries the publish) while the store is away
+            probe = self._send_probe(started)
         waiting = set(caught)
         while time.monotonic() - started < WATCH_S:
             with contextlib.suppress(Exception):  # the store may be away for a while
