@@ -1,13 +1,15 @@
 """The soak across hosts: the multi-host rig under load and chaos for a while, then every
 promise counted (``benchmarks/soak.py`` is its one-machine sibling).
 
-    .venv/bin/python benchmarks/soak_hosts.py [--topology redis|rabbitmq] [--minutes 30]
+    .venv/bin/python benchmarks/soak_hosts.py [--topology redis|sentinel|rabbitmq] [--minutes 30]
         [--hosts 2] [--tls] [--chaos-every 45] [--partition-s 60] [--seed N] [--json] [--keep]
 
 The rig (``tests/support/hosts_rig.py``, network namespaces, needs root): producers on
 ``prod``; workers on ``--hosts`` worker hosts; on ``redis`` a Redis primary (broker and
-results) with a replica, on ``rabbitmq`` a three-node RabbitMQ cluster (quorum queues)
-with Redis for results; ``--tls``: ``rediss://`` between hosts with a CA the rig makes.
+results) with a replica, on ``sentinel`` the same with three Sentinels and the fleet on
+``sentinel://`` URLs (no TLS), on ``rabbitmq`` a three-node RabbitMQ cluster (quorum
+queues) with Redis for results; ``--tls``: ``rediss://`` between hosts with a CA the rig
+makes.
 The producers (``tests/support/hosts_load.py``) send a stream of single writes (a third
 of them take 1.5 s) and a batch of mixed lines every ``--batch-every`` seconds. Every
 ``--chaos-every`` seconds one fault, waiting (up to 10 s) for a write to run on the
@@ -17,13 +19,18 @@ victim first:
   connections); it boots again with a new worker once the fleet has recovered;
 * a worker host partitioned for ``--partition-s`` seconds, then healed;
 * ``redis``: the Redis host lost for 10-20 s, then Redis restarted on its append-only
-  file (no Sentinel yet: the fleet waits for it);
+  file (no Sentinel: the fleet waits for it);
+* ``sentinel``: the Redis primary's host lost (its Sentinel with it): the other two
+  Sentinels promote the replica and the fleet follows; the host boots 10-20 s after
+  the loss, its Redis becomes the new primary's replica, and the pair is whole again
+  before the next fault;
 * ``rabbitmq``: a RabbitMQ node lost for 15-25 s, then started again (it rejoins).
 
 For each fault: ``probe`` (a read sent as it began, until its result) and ``drain`` (the
 invocations it caught unanswered, until the last result). At the end: invocations,
 writes vs ledger lines, lost, duplicate writes, batches broken, the longest recovery per
-fault. Exit 1 when anything was lost, a write ran twice or a batch broke.
+fault (and, for a primary lost, the longest failover: the loss until a Sentinel named the
+new primary). Exit 1 when anything was lost, a write ran twice or a batch broke.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from tests.support import netns  # noqa: E402
 from tests.support.hosts_faults import (  # noqa: E402
     FaultRecord,
     Fleet,
+    PrimaryLoss,
     Tally,
     lose_and_restart,
     lose_host,
@@ -82,7 +90,8 @@ class Chaos:
                 self.rig.start_worker(name)
 
     def kinds(self) -> list[str]:
-        third = "redis host lost" if self.args.topology == "redis" else "rabbitmq node lost"
+        third = {"redis": "redis host lost", "sentinel": "redis primary host lost"}.get(
+            self.args.topology, "rabbitmq node lost")
         kinds = ["worker host lost", "worker host partitioned", third]
         chosen = [k for k in kinds if not self.args.faults or k in self.args.faults]
         return chosen or kinds
@@ -93,7 +102,8 @@ class Chaos:
         victim = self.rig.host(self.rng.choice(workers))
         self.fleet.writing_on(victim, timeout=10)
         action, name = self._action(kind, victim)
-        record = self.fleet.fault(name, action, victim=victim)
+        on_primary = kind == "redis primary host lost"
+        record = self.fleet.fault(name, action, victim=None if on_primary else victim)
         if kind == "worker host lost":
             victim.revive()
             self.rig.start_worker(victim.name)
@@ -106,6 +116,9 @@ class Chaos:
             return lose_host(victim), f"{victim.name} lost"
         if kind == "worker host partitioned":
             return partition_host(victim, self.args.partition_s), f"{victim.name} cut off"
+        if kind == "redis primary host lost":
+            loss = PrimaryLoss(self.rig, down_s)
+            return loss, f"{loss.victim.name} (primary) lost"
         if kind == "redis host lost":
             host = self.rig.host("redis1")
             return lose_and_restart(host, down_s, lambda: self.rig.start_redis("redis1")), kind
@@ -138,14 +151,33 @@ def soak(args: argparse.Namespace, root: Path) -> tuple[Tally, list[FaultRecord]
         fleet.stop_load(timeout=args.minutes * 60 + 300)
         tally = fleet.tally()
         args.worker_exits = chaos.exits
+        args.notes = {**log_notes(rig),
+                      "probe sends that raised (sent again under a new id)":
+                      len(fleet.probe_errors)}
         return tally, fleet.faults, time.monotonic() - started
+
+
+def log_notes(rig: HostsRig) -> dict[str, int]:
+    """What the logs say about replication: failovers the never-lost Sentinel (on ``prod``)
+    saw, and the workers' warnings that no replica acknowledged a decisive write in time
+    (said at most once a minute per process: a lower bound)."""
+    if not rig.layout.sentinels:
+        return {}
+    sentinel = rig.root / "sentinel-prod" / "sentinel.log"
+    switches = sentinel.read_text(errors="replace").count("+switch-master")
+    unacked = sum(w.log.read_text(errors="replace").count("no replica acknowledged")
+                  for w in rig.workers if w.log.exists())
+    return {"failovers (+switch-master, prod's Sentinel)": switches,
+            "worker warnings 'no replica acknowledged ... within N ms'": unacked}
 
 
 def by_kind(faults: list[FaultRecord]) -> dict[str, dict[str, Any]]:
     kinds: dict[str, dict[str, Any]] = {}
     for record in faults:
         row = kinds.setdefault(record.name, {"count": 0, "during_write": 0, "probe_s": 0.0,
-                                             "drain_s": 0.0, "after_end_s": 0.0})
+                                             "drain_s": 0.0, "after_end_s": 0.0,
+                                             "failover_s": 0.0})
+        row["failover_s"] = round(max(row["failover_s"], record.failover_s), 1)
         after = max(record.probe_s, record.drain_s) - record.lasted_s
         row["after_end_s"] = round(max(row["after_end_s"], after), 1)
         row["count"] += 1
@@ -174,14 +206,19 @@ def print_report(args: argparse.Namespace, tally: Tally, faults: list[FaultRecor
     print("faults (count, during a write; longest probe, drain, and recovery past the "
           "fault's end):")
     for kind, row in sorted(by_kind(faults).items()):
+        failover = f"  failover {row['failover_s']:.1f} s" if row["failover_s"] else ""
         print(f"  {kind:<26} {row['count']:>3} {row['during_write']:>3} "
-              f"{row['probe_s']:>7.1f} s {row['drain_s']:>7.1f} s {row['after_end_s']:>7.1f} s")
+              f"{row['probe_s']:>7.1f} s {row['drain_s']:>7.1f} s {row['after_end_s']:>7.1f} s"
+              f"{failover}")
+    for name, count in args.notes.items():
+        print(f"{name}: {count}")
     print("HELD" if tally.held else "BROKEN: lost, duplicate writes or broken batches")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topology", choices=("redis", "rabbitmq"), default="redis")
+    parser.add_argument("--topology", choices=("redis", "sentinel", "rabbitmq"),
+                        default="redis")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--hosts", type=int, default=2, help="worker hosts (2)")
     parser.add_argument("--tls", action="store_true", help="rediss:// between hosts")
@@ -204,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.seed = random.randrange(1 << 30) if args.seed is None else args.seed
     args.command = shlex.join(["benchmarks/soak_hosts.py", *(argv or sys.argv[1:])])
+    if args.topology == "sentinel" and args.tls:
+        print("soak_hosts: the sentinel topology runs without TLS (a sentinel:// URL "
+              "carries no TLS settings)", file=sys.stderr)
+        return 2
     problem = netns.missing()
     if problem is not None:
         print(f"soak_hosts: {problem}", file=sys.stderr)
@@ -220,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         fields = {f.name: getattr(tally, f.name) for f in dataclasses.fields(tally)}
         print(json.dumps({**fields, "held": tally.held, "worker_exits": args.worker_exits,
+                          "notes": args.notes,
                           "faults": by_kind(faults), "elapsed_s": round(elapsed, 1)}))
     else:
         print_report(args, tally, faults, elapsed)

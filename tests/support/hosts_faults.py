@@ -28,7 +28,8 @@ from typing import Any
 from cleveragents.client import SkillClient
 from cleveragents.skills import SkillResult
 from tests.support.fault_rig import READ, WRITE, Records, reason, request, submit
-from tests.support.hosts_rig import HostsRig, fleet_process_env, wait_for
+from tests.support.hosts_rig import SENTINEL_HOSTS, HostsRig, fleet_process_env, wait_for
+from tests.support.hosts_services import await_replica, start_sentinel
 from tests.support.netns import Host
 from tests.support.procs import REPO
 
@@ -48,6 +49,7 @@ class FaultRecord:
     drain_s: float = float("inf")
     caught: int = 0  # invocations unanswered when it began
     lasted_s: float = 0.0  # how long the fault itself went on (a partition, a reboot)
+    failover_s: float = 0.0  # a primary lost: until a Sentinel named the new one
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Fleet:
         self.proc: Any = None
         self.faults: list[FaultRecord] = []
         self.serial = 0
+        self.probe_errors: list[str] = []  # probe sends that raised, and when
 
     def start_load(self, seconds: float, **options: Any) -> None:
         """Start the producers on ``prod`` for ``seconds`` (options: ``hosts_load``'s)."""
@@ -113,6 +116,10 @@ class Fleet:
                         unsure.add(entry["id"])
                     else:
                         sent[entry["id"]] = entry
+        # A send that raised was never promised: its producer was told it failed (it may
+        # still have reached the broker; its ledger lines are counted in ``tally``)
+        for rid in unsure:
+            sent.pop(rid, None)
         return sent, unsure
 
     def results(self, ids: list[str]) -> dict[str, SkillResult | None]:
@@ -135,6 +142,19 @@ class Fleet:
         body = request(READ, f"{self.out.name}-probe{self.serial:04d}", self.rig.ledger)
         return submit(self.client, body)
 
+    def _send_probe(self, started: float) -> str:
+        """A probe sent while the store may be away: a send that raised (a publish that
+        met the old primary, now a replica) is counted and sent again under a new id,
+        as a caller told the send failed would."""
+        while True:
+            try:
+                return self.probe()  # waits (Celery retries the publish) while Redis is away
+            except Exception as exc:
+                self.probe_errors.append(f"{time.monotonic() - started:.1f} s: {exc!r}"[:200])
+                if time.monotonic() - started > WATCH_S:
+                    raise
+                time.sleep(0.1)
+
     # ------------------------------------------------------------------ faults
     def writing_on(self, host: Host, timeout: float = 30) -> bool:
         """Wait until a slow write (1.5 s) has just started on ``host``; False if none did."""
@@ -150,30 +170,40 @@ class Fleet:
             time.sleep(0.05)
         return False
 
-    def fault(self, name: str, action: Callable[[], None], *, victim: Host) -> FaultRecord:
+    def fault(self, name: str, action: Callable[[], None], *,
+              victim: Host | None) -> FaultRecord:
         """Do ``action`` (the fault: it returns once it is over, e.g. healed) and measure the
         recovery from its start while it goes on. ``during_write``: a write had started on
-        ``victim`` and was unanswered as the fault began."""
+        ``victim`` (None: on any host) and was unanswered as the fault began."""
         caught = self.unanswered()
         sent, _ = self.sent()
         waiting = set(caught)
         record = FaultRecord(name, any(
-            key in waiting and sent[key]["tool"] == WRITE and victim.owns(pid)
+            key in waiting and sent[key]["tool"] == WRITE
+            and (victim is None or victim.owns(pid))
             for key, pid, _ in self.records.lines()
         ))
         record.caught = len(caught)
-        probe = self.probe()
+        # A fault that takes the store away probes once it is gone (``action.lost``): a
+        # probe sent before would be served at once, and one sent after waits for the store
+        lost: threading.Event | None = getattr(action, "lost", None)
+        probe = None if lost is not None else self.probe()
         started = time.monotonic()
-        watch = threading.Thread(target=self._watch, args=(record, probe, caught, started),
-                                 daemon=True)
+        watch = threading.Thread(target=self._watch,
+                                 args=(record, probe or lost, caught, started), daemon=True)
         watch.start()
         action()
         record.lasted_s = time.monotonic() - started
+        record.failover_s = getattr(action, "failover_s", 0.0)
         watch.join(WATCH_S + 10)
         self.faults.append(record)
         return record
 
-    def _watch(self, record: FaultRecord, probe: str, caught: list[str], started: float) -> None:
+    def _watch(self, record: FaultRecord, probe: str | threading.Event, caught: list[str],
+               started: float) -> None:
+        if isinstance(probe, threading.Event):
+            probe.wait(WATCH_S)
+            probe = self._send_probe(started)
         waiting = set(caught)
         while time.monotonic() - started < WATCH_S:
             with contextlib.suppress(Exception):  # the store may be away for a while
@@ -209,6 +239,7 @@ class Fleet:
                 why = reason(result)
                 tally.write_interrupted += int(why == "write_interrupted")
                 tally.failures[f"{result.error.error_type.value}/{why or '-'}"] += 1
+        tally.duplicate_writes += sum(max(0, counts[rid] - 1) for rid in unsure)
         self._count_batches(tally)
         return tally
 
@@ -251,3 +282,41 @@ def lose_and_restart(host: Host, down_s: float, restart: Callable[[], None]) -> 
         restart()
 
     return reboot
+
+
+class PrimaryLoss:
+    """The fault: the Redis primary's host vanishes (the sentinel topology: link down, its
+    Redis and Sentinel SIGKILLed) and the other two Sentinels promote the replica.
+
+    ``failover_s``: from the loss until a Sentinel names the new primary. With ``down_s``
+    the host boots again that long after the loss and starts its Redis as a replica of
+    the new primary (what it had that the replica had not is dropped), then its Sentinel;
+    the action ends once the pair is whole again, so that the next loss can fail over too.
+
+    Started as the primary it was, the old server took writes for 11 s before the
+    Sentinels turned it into a replica, and its Sentinel, back on its old config, named it
+    to clients for the second before it heard of the failover: 25 results written there
+    were dropped by its resync (docs/deployment.md, Redis Sentinel: boot as a replica)."""
+
+    def __init__(self, rig: HostsRig, down_s: float | None = None) -> None:
+        self.rig, self.down_s = rig, down_s
+        self.victim = rig.primary()
+        self.failover_s = float("inf")
+        self.lost = threading.Event()  # set once the host is gone: the probe goes then
+
+    def __call__(self) -> None:
+        victim = self.victim
+        lost_at = time.monotonic()
+        victim.lose()
+        self.lost.set()
+        wait_for(lambda: self.rig.primary(skip=victim.name) is not victim, 60,
+                 "the Sentinels to promote the replica", interval=0.1)
+        self.failover_s = time.monotonic() - lost_at
+        if self.down_s is None:
+            return
+        time.sleep(max(0.0, lost_at + self.down_s - time.monotonic()))  # the machine away
+        victim.revive()
+        self.rig.start_redis(victim.name, replica_of=self.rig.primary(skip=victim.name))
+        if victim.name in SENTINEL_HOSTS:
+            start_sentinel(self.rig, victim.name)
+        await_replica(self.rig, timeout=120)

@@ -5,10 +5,12 @@ Two topologies (``Layout``):
 * ``redis``: producers on host ``prod``, workers on ``work1`` and ``work2`` (more with
   ``workers``), the Redis primary on ``redis1`` and a replica on ``redis2``; Redis is
   broker and result backend, over ``rediss://`` with the rig's CA when ``tls``.
-  SENTINEL HOOK: three Sentinels (on ``redis1``, ``redis2`` and ``prod``) and
-  ``sentinel://`` URLs come with issue 49's Sentinel support; until then the fleet is
-  given the primary's plain URL (``Layout.sentinels`` starts the Sentinels beside it,
-  watched by nothing in the product yet).
+* ``sentinel``: the same hosts, and three Sentinels (on ``redis1``, ``redis2`` and
+  ``prod``, quorum 2) monitoring the primary as ``mymaster``; the fleet's broker and
+  result backend are ``sentinel://`` URLs naming the three (producers and workers on
+  other hosts reach them over the bridge), so a replica the Sentinels promote is
+  followed by the fleet itself. No TLS: a ``sentinel://`` URL carries no TLS settings
+  in the product (``Layout`` refuses ``tls`` with it).
 * ``rabbitmq``: a three-node RabbitMQ cluster (``rmq1``-``rmq3``, the skill queues are
   quorum queues, replicated on all three) as broker, every node in the workers' and
   producers' URL (kombu fails over along the list), and Redis on ``redis1`` for results.
@@ -44,19 +46,32 @@ REDIS_PORT = 6379
 REDIS_TLS_PORT = 6380
 SENTINEL_PORT = 26379
 AMQP_PORT = 5672
+#: The hosts a Sentinel runs on (the sentinel topology): any one lost leaves a majority.
+SENTINEL_HOSTS = ("redis1", "redis2", "prod")
+#: The name the Sentinels monitor the primary under (CLEVERAGENTS_SENTINEL_MASTER).
+SENTINEL_MASTER = "mymaster"
 
 
 @dataclass(frozen=True)
 class Layout:
     """Which fleet the rig builds."""
 
-    topology: str = "redis"  # or "rabbitmq"
+    topology: str = "redis"  # or "sentinel", "rabbitmq"
     workers: int = 2  # worker hosts
     concurrency: int = 2
     tls: bool = False
     recovery_s: float = 4.0
-    replica: bool = True  # a Redis replica on redis2 (the redis topology)
-    sentinels: bool = False  # three Sentinels beside it (SENTINEL HOOK, above)
+    replica: bool = True  # a Redis replica on redis2 (the redis and sentinel topologies)
+
+    def __post_init__(self) -> None:
+        if self.topology == "sentinel" and (self.tls or not self.replica):
+            raise ValueError("the sentinel topology runs without TLS (a sentinel:// URL "
+                             "carries no TLS settings) and with a replica")
+
+    @property
+    def sentinels(self) -> bool:
+        """Three Sentinels, and the fleet on ``sentinel://`` URLs."""
+        return self.topology == "sentinel"
 
     def host_names(self) -> list[str]:
         workers = [f"work{n}" for n in range(1, self.workers + 1)]
@@ -126,10 +141,10 @@ class HostsRig:
     def start_services(self) -> None:
         """Redis (and its replica, Sentinels), and the RabbitMQ cluster where laid out."""
         self.start_redis("redis1")
-        if self.layout.topology == "redis" and self.layout.replica:
+        if self.layout.topology in ("redis", "sentinel") and self.layout.replica:
             self.start_redis("redis2", replica_of=self.host("redis1"))
         if self.layout.sentinels:
-            from tests.support.hosts_services import start_sentinels  # SENTINEL HOOK
+            from tests.support.hosts_services import start_sentinels
 
             start_sentinels(self)
         if self.layout.topology == "rabbitmq":
@@ -158,8 +173,24 @@ class HostsRig:
         return (f"rediss://{host.address}:{REDIS_TLS_PORT}/0?ssl_cert_reqs=required"
                 f"&ssl_ca_certs={self.ca.ca}")
 
+    def sentinel_url(self) -> str:
+        """The three Sentinels as Celery and kombu name them (``sentinel://a;...``)."""
+        return ";".join(f"sentinel://{self.host(n).address}:{SENTINEL_PORT}/0"
+                        for n in SENTINEL_HOSTS)
+
+    def primary(self, skip: str | None = None) -> Host:
+        """The host of the primary a Sentinel that answers names now (asking none on
+        host ``skip``)."""
+        from tests.support.hosts_services import primary_address
+
+        address = primary_address(self, skip)
+        return next(h for h in self.net.hosts.values() if h.address == address)
+
     def broker_url(self) -> str:
-        """The workers' and producers' broker: Redis, or every RabbitMQ node in turn."""
+        """The workers' and producers' broker: Redis (or its Sentinels), or every
+        RabbitMQ node in turn."""
+        if self.layout.sentinels:
+            return self.sentinel_url()
         if self.layout.topology != "rabbitmq":
             return self.redis_url()
         # amqp:// even with ``tls``: the nodes listen on amqps:// (5671) too, but the
@@ -172,8 +203,11 @@ class HostsRig:
 
     def env(self) -> dict[str, str]:
         """The fleet's CLEVERAGENTS_* settings (producers' and workers' alike)."""
-        env = worker_env(self.broker_url(), backend=self.redis_url(),
+        backend = self.sentinel_url() if self.layout.sentinels else self.redis_url()
+        env = worker_env(self.broker_url(), backend=backend,
                          CLEVERAGENTS_RECOVERY_S=f"{self.layout.recovery_s:g}")
+        if self.layout.sentinels:
+            env["CLEVERAGENTS_SENTINEL_MASTER"] = SENTINEL_MASTER
         return env
 
     # ------------------------------------------------------------------ workers

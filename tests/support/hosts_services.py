@@ -3,9 +3,12 @@ replica, Sentinels) and a RabbitMQ cluster, each started inside its host."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import redis
 
 from tests.support.netns import Host, kill_namespace
 
@@ -25,8 +28,10 @@ def redis_args(rig: HostsRig, folder: Path, replica_of: Host | None) -> list[str
     """A redis-server with an append-only file (fsync always), on TLS when the rig is."""
     from tests.support.hosts_rig import REDIS_PORT, REDIS_TLS_PORT
 
+    # A replica's sync at once (Redis waits 5 s for more replicas by default).
     args = ["redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--dir", str(folder),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+            "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+            "--repl-diskless-sync-delay", "0"]
     if rig.ca is None:
         args += ["--port", str(REDIS_PORT)]
     else:
@@ -40,33 +45,113 @@ def redis_args(rig: HostsRig, folder: Path, replica_of: Host | None) -> list[str
     return args
 
 
-def start_sentinels(rig: HostsRig) -> None:
-    """SENTINEL HOOK: three Sentinels watching redis1 as ``mymaster`` (quorum 2), on
-    redis1, redis2 and prod. Nothing in the product follows them until ``sentinel://``
-    URLs land (issue 49, its other half); the fleet is given the primary's URL meanwhile."""
+def sentinel_conf(rig: HostsRig, name: str) -> Path:
+    """The Sentinel of host ``name``'s config file, written once: the Sentinel rewrites it
+    as it learns (peers, epochs, the primary now), and starts again on it after a reboot."""
+    from tests.support.hosts_rig import SENTINEL_MASTER, SENTINEL_PORT
+
+    folder = rig.root / f"sentinel-{name}"
+    folder.mkdir(exist_ok=True)
+    conf = folder / "sentinel.conf"
+    if not conf.exists():
+        primary = rig.host("redis1")
+        conf.write_text("\n".join([
+            f"port {SENTINEL_PORT}", "protected-mode no", f"dir {folder}",
+            f"sentinel monitor {SENTINEL_MASTER} {primary.address} 6379 2",
+            f"sentinel down-after-milliseconds {SENTINEL_MASTER} {SENTINEL_DOWN_AFTER_MS}",
+            f"sentinel failover-timeout {SENTINEL_MASTER} 10000",
+            f"sentinel parallel-syncs {SENTINEL_MASTER} 1",
+        ]) + "\n")
+    return conf
+
+
+#: A primary silent this long is judged down (production: 5000, docs/deployment.md).
+SENTINEL_DOWN_AFTER_MS = 3000
+
+
+def start_sentinel(rig: HostsRig, name: str) -> None:
+    """The Sentinel of host ``name`` (started again on its own config after a reboot)."""
     from tests.support.hosts_rig import SENTINEL_PORT, wait_for
 
-    primary = rig.host("redis1")
-    for name in ("redis1", "redis2", "prod"):
-        folder = rig.root / f"sentinel-{name}"
-        folder.mkdir(exist_ok=True)
-        conf = folder / "sentinel.conf"
-        port = "6379" if rig.ca is None else "6380"
-        lines = [f"port {SENTINEL_PORT}", "protected-mode no", f"dir {folder}",
-                 f"sentinel monitor mymaster {primary.address} {port} 2",
-                 "sentinel down-after-milliseconds mymaster 3000",
-                 "sentinel failover-timeout mymaster 10000"]
-        if rig.ca is not None:
-            lines += [f"tls-cert-file {rig.ca.cert}", f"tls-key-file {rig.ca.key}",
-                      f"tls-ca-cert-file {rig.ca.ca}", "tls-replication yes"]
-        conf.write_text("\n".join(lines) + "\n")
-        host = rig.host(name)
-        host.start(["redis-server", str(conf), "--sentinel"], log=folder / "sentinel.log")
-        wait_for(lambda h=host: "PONG" in h.run(["redis-cli", "-p", str(SENTINEL_PORT),
-                                                  "ping"]).stdout, 20, f"sentinel on {name}")
-    ask = ["redis-cli", "-p", str(SENTINEL_PORT), "sentinel", "ckquorum", "mymaster"]
-    wait_for(lambda: rig.host("prod").run(ask).stdout.startswith("OK 3 usable"), 30,
+    conf = sentinel_conf(rig, name)
+    host = rig.host(name)
+    host.start(["redis-server", str(conf), "--sentinel"], log=conf.parent / "sentinel.log")
+    ping = ["redis-cli", "-p", str(SENTINEL_PORT), "ping"]
+    wait_for(lambda: "PONG" in host.run(ping).stdout, 20, f"sentinel on {name}")
+
+
+def start_sentinels(rig: HostsRig) -> None:
+    """Three Sentinels watching redis1 as ``mymaster`` (quorum 2), on ``SENTINEL_HOSTS``,
+    waited for until they know each other and the replica."""
+    from tests.support.hosts_rig import SENTINEL_HOSTS, wait_for
+
+    if rig.ca is not None:
+        raise ValueError("the rig's Sentinels run without TLS (sentinel:// has no TLS setting)")
+    for name in SENTINEL_HOSTS:
+        start_sentinel(rig, name)
+    wait_for(lambda: quorum_ok(rig), 30,
              "three Sentinels that know each other (SENTINEL CKQUORUM)", interval=0.5)
+    await_replica(rig)
+
+
+def _sentinels(rig: HostsRig, skip: str | None = None) -> list[redis.Redis]:
+    """Clients of the Sentinels (but the one on host ``skip``: a host lost)."""
+    from tests.support.hosts_rig import SENTINEL_HOSTS, SENTINEL_PORT
+
+    return [redis.Redis(host=rig.host(n).address, port=SENTINEL_PORT, socket_timeout=2,
+                        socket_connect_timeout=2, decode_responses=True)
+            for n in SENTINEL_HOSTS if n != skip]
+
+
+def quorum_ok(rig: HostsRig, usable: int = 3) -> bool:
+    """True when prod's Sentinel says ``usable`` Sentinels can authorize a failover."""
+    from tests.support.hosts_rig import SENTINEL_MASTER, SENTINEL_PORT
+
+    ask = ["redis-cli", "-p", str(SENTINEL_PORT), "sentinel", "ckquorum", SENTINEL_MASTER]
+    return rig.host("prod").run(ask).stdout.startswith(f"OK {usable} usable")
+
+
+def primary_address(rig: HostsRig, skip: str | None = None) -> str:
+    """The primary's address as the first Sentinel that answers names it (asking none on
+    host ``skip``)."""
+    from tests.support.hosts_rig import SENTINEL_MASTER
+
+    for client in _sentinels(rig, skip):
+        with contextlib.suppress(redis.RedisError), client:
+            found = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+            if isinstance(found, tuple | list) and found:
+                return str(found[0])
+    raise RuntimeError("no Sentinel answers")
+
+
+def await_replica(rig: HostsRig, timeout: float = 60) -> None:
+    """Wait until the primary the Sentinels name has a replica in sync, and every Sentinel
+    that answers knows a replica that is up (a failover could then promote it)."""
+    from tests.support.hosts_rig import wait_for
+
+    def whole() -> bool:
+        primary = rig.primary()
+        with redis.Redis(host=primary.address, port=6379, socket_timeout=2) as client:
+            info = client.info("replication")
+        linked = info.get("role") == "master" and int(info.get("connected_slaves", 0)) >= 1
+        return linked and info.get("slave0", {}).get("state") == "online" and _replica_seen(rig)
+
+    wait_for(whole, timeout, "the primary's replica in sync, known to the Sentinels",
+             interval=0.5)
+
+
+def _replica_seen(rig: HostsRig) -> bool:
+    from tests.support.hosts_rig import SENTINEL_MASTER
+
+    answered = 0
+    for client in _sentinels(rig):
+        with contextlib.suppress(redis.RedisError), client:
+            replicas = client.sentinel_slaves(SENTINEL_MASTER)
+            answered += 1
+            if not any(not r.get("is_sdown") and not r.get("is_disconnected")
+                       and r.get("master-link-status") == "ok" for r in replicas):
+                return False
+    return answered > 0
 
 
 def _rabbit_files(rig: HostsRig, name: str, nodes: list[str]) -> dict[str, str]:
