@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO
 
 from cleveragents.embedded.private import private_folder, private_home, private_opener
+from cleveragents.embedded.share import process_started
 from cleveragents.embedded.urls import socket_path
 from cleveragents.errors import EmbeddedServerUnavailable
 
@@ -195,16 +196,6 @@ def answering_run_id(socket: Path, timeout_s: float = 2.0) -> str | None:
     return str(info.get("run_id", "?"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _trusted(paths: ServerPaths) -> bool:
     """True when the recorded server answers, with its keeper alive; a foreign server
     on the socket is refused, and an orphan of a dead keeper shut down."""
@@ -217,7 +208,7 @@ def _trusted(paths: ServerPaths) -> bool:
             f"a server this home did not start answers on {paths.socket}: stop it, or "
             "remove the socket if you know it is stale"
         )
-    if _alive(record.keeper):
+    if process_started(record.keeper) is not None:  # alive (a zombie is not)
         return True
     _shutdown(paths.socket)  # ours, but nobody would ever stop it
     return False
