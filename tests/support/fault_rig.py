@@ -266,7 +266,7 @@ def wait_results(
                 return results
         if time.monotonic() > deadline:
             return results
-        time.sleep(0.1)
+        time.sleep(0.1)  # a bounded poll (deadline) of the stored results
 
 
 def tally(

@@ -153,7 +153,7 @@ class Fleet:
                 self.probe_errors.append(f"{time.monotonic() - started:.1f} s: {exc!r}"[:200])
                 if time.monotonic() - started > WATCH_S:
                     raise
-                time.sleep(0.1)
+                time.sleep(0.1)  # the Sentinels electing; bounded by WATCH_S
 
     # ------------------------------------------------------------------ faults
     def writing_on(self, host: Host, timeout: float = 30) -> bool:
@@ -167,7 +167,7 @@ class Fleet:
                 if at > recent and entry.get("tool") == WRITE and entry.get("slow") \
                         and host.owns(pid):
                     return True
-            time.sleep(0.05)
+            time.sleep(0.05)  # a bounded poll (timeout) of the ledger the tools append to
         return False
 
     def fault(self, name: str, action: Callable[[], None], *,
@@ -215,7 +215,7 @@ class Fleet:
                     record.drain_s = time.monotonic() - started
                 if record.probe_s < float("inf") and record.drain_s < float("inf"):
                     return
-            time.sleep(0.1)
+            time.sleep(0.1)  # a bounded poll (WATCH_S) of the results
 
     # ------------------------------------------------------------------ the count
     def tally(self, timeout: float = 300) -> Tally:

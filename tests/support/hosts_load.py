@@ -91,9 +91,9 @@ class Load:
                 client.submit(client.build_request(**body))
             except Exception as exc:  # the broker away: said, and the next one tried
                 self.note({"id": body["request_id"], "failed": True, "error": repr(exc)[:200]})
-                time.sleep(0.5)
+                time.sleep(0.5)  # the broker away: a pause, as a retry
                 continue
-            time.sleep(every)
+            time.sleep(every)  # the stream's pace: --rate sends a second
         client.close()
 
     def batch(self, client: SkillClient) -> None:
@@ -115,7 +115,7 @@ class Load:
             if self.args.batch_lines and time.monotonic() >= next_batch:
                 self.batch(client)
                 next_batch = time.monotonic() + self.args.batch_every
-            time.sleep(0.2)
+            time.sleep(0.2)  # the run's pace: a batch every --batch-every s
         stream.join()
         for thread, ids in self.batches:
             ended = thread.join(BATCH_END_S)

@@ -103,7 +103,7 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.1) -
         with contextlib.suppress(Exception):
             if predicate():
                 return
-        time.sleep(interval)
+        time.sleep(interval)  # a bounded poll (timeout)
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
