@@ -14,13 +14,11 @@ its claim's deadline has passed).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support import netns
 from tests.support.hosts_faults import Fleet, lose_host, partition_host
-from tests.support.hosts_rig import HostsRig, Layout, hosts_rig
+from tests.support.hosts_rig import HostsRig, Layout, rig_with_workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -35,14 +33,7 @@ SLACK_S = 6.0
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostsRig]:
-    missing = netns.missing()
-    if missing is not None:  # only where namespaces cannot be made at all
-        pytest.skip(f"the multi-host rig needs network namespaces: {missing}")
-    root = Path(tmp_path_factory.mktemp("hosts"))
-    with hosts_rig(root, Layout(tls=True, recovery_s=RECOVERY_S)) as made:
-        made.start_worker("work1")
-        made.start_worker("work2")
-        yield made
+    yield from rig_with_workers(tmp_path_factory, Layout(tls=True, recovery_s=RECOVERY_S))
 
 
 def _load(rig: HostsRig, name: str) -> Fleet:

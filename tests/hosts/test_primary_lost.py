@@ -15,14 +15,12 @@ host (``HALF_OPEN_S``, 10 s: a producer's publish waits on one until then).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from cleveragents.stores.redis_sockets import HALF_OPEN_S
-from tests.support import netns
 from tests.support.hosts_faults import Fleet, PrimaryLoss
-from tests.support.hosts_rig import HostsRig, Layout, hosts_rig
+from tests.support.hosts_rig import HostsRig, Layout, rig_with_workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -36,14 +34,8 @@ SLACK_S = 6.0
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostsRig]:
-    missing = netns.missing()
-    if missing is not None:  # only where namespaces cannot be made at all
-        pytest.skip(f"the multi-host rig needs network namespaces: {missing}")
-    root = Path(tmp_path_factory.mktemp("sentinel"))
-    with hosts_rig(root, Layout(topology="sentinel", recovery_s=RECOVERY_S)) as made:
-        made.start_worker("work1")
-        made.start_worker("work2")
-        yield made
+    layout = Layout(topology="sentinel", recovery_s=RECOVERY_S)
+    yield from rig_with_workers(tmp_path_factory, layout)
 
 
 def test_the_primary_host_lost_is_followed_to_the_replica_losing_nothing(rig: HostsRig) -> None:

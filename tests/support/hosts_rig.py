@@ -261,3 +261,19 @@ def hosts_rig(root: Path, layout: Layout) -> Iterator[HostsRig]:
     finally:
         rig.close()
         shutil.rmtree(root / "ca", ignore_errors=True)
+
+
+def rig_with_workers(factory: Any, layout: Layout) -> Iterator[HostsRig]:
+    """A module's rig (``factory``: pytest's ``tmp_path_factory``) with a worker on
+    ``work1`` and on ``work2``; skips the module only where namespaces cannot be made."""
+    import pytest  # a test helper: pytest only when asked
+
+    from tests.support import netns
+
+    missing = netns.missing()
+    if missing is not None:
+        pytest.skip(f"the multi-host rig needs network namespaces: {missing}")
+    with hosts_rig(Path(factory.mktemp(layout.topology)), layout) as made:
+        made.start_worker("work1")
+        made.start_worker("work2")
+        yield made
