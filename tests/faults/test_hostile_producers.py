@@ -265,9 +265,13 @@ def test_a_read_only_worker_never_consumes_a_write_queue_even_when_told_to(
     )
 
     # When it is told to consume the write queue, then another queue, and a write is
-    # waiting in the write queue
-    client.app.control.add_consumer("skills.write", reply=True, timeout=5, limit=1)
-    client.app.control.add_consumer("skills.extra", reply=True, timeout=5, limit=1)
+    # waiting in the write queue (once it answers a ping: on Redis a worker subscribes to
+    # broadcasts when its event loop first polls, after it says it is ready, and a
+    # broadcast sent before that is lost; each command's reply comes once it was handled)
+    control = client.app.control
+    wait_until(lambda: control.ping(timeout=1), 30, "the worker to answer a ping")
+    assert control.add_consumer("skills.write", reply=True, timeout=15, limit=1)
+    assert control.add_consumer("skills.extra", reply=True, timeout=15, limit=1)
     handle = client.submit("test/basic", "test/count-write", {"path": str(tmp_path / "w")},
                            allow_writes=True)
     # ... and then a read in the other queue. A worker fetches from its queues in the
