@@ -20,6 +20,8 @@ from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
 from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
+from cleveragents.broker.redis.result_backend import reader_result_backend
+from cleveragents.broker.redis.sentinel_follow import sentinel_kwargs
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
 from cleveragents.constants import (
     HARD_LIMIT_GRACE_S,
@@ -156,7 +158,9 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     _known_schemes(settings)
     return {
         "broker_url": settings.broker_url or "",
-        "result_backend": settings.result_backend or _default_backend(settings),
+        "result_backend": reader_result_backend(
+            settings.result_backend or _default_backend(settings)
+        ),
         **_backend_options(settings),
         **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
@@ -184,8 +188,8 @@ def _backend_options(settings: Settings) -> dict[str, Any]:
     # CLEVERAGENTS_SENTINEL_MASTER; every store uses its client (stores/factory.py), so
     # they follow the primary with it.
     backend = settings.result_backend or _default_backend(settings)
-    if _scheme(backend) in SENTINEL_SCHEMES:
-        options["master_name"] = settings.sentinel_master
+    if _scheme(backend) in SENTINEL_SCHEMES:  # short time-outs on the Sentinels, too
+        options.update(master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs())
     # A worker's result is stored once a replica has it (broker/redis/result_backend.py).
     if settings.replica_wait_ms:
         options["replica_wait_ms"] = settings.replica_wait_ms
@@ -211,7 +215,9 @@ def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
     if scheme in SENTINEL_SCHEMES:  # kombu's Sentinel channel finds the primary by name
-        options["broker_transport_options"]["master_name"] = settings.sentinel_master
+        options["broker_transport_options"].update(
+            master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs()
+        )
     if scheme not in REDIS_TRANSPORT_SCHEMES:
         return options
     # The transport that hands a dead worker's messages out again is a consumer's

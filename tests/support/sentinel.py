@@ -119,6 +119,15 @@ class SentinelFleet:
         self.procs[name].wait(10)
         return time.monotonic()
 
+    def freeze_primary(self) -> int:
+        """SIGSTOP the primary, as a lost host is to its peers: its connections stay open
+        and nothing answers on them (SIGCONT or ``close`` ends it); its port."""
+        port = self.primary_port()
+        assert port is not None, "no Sentinel answers"
+        name = next(n for n, p in self.ports.items() if p == port)
+        self.procs[name].send_signal(signal.SIGSTOP)
+        return port
+
     def wait_failover(self, old_port: int, timeout: float = 30) -> float:
         """Wait until the Sentinels name another primary; the time they did."""
         wait_until(

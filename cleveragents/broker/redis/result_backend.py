@@ -15,8 +15,10 @@ A worker on a ``redis://`` or ``rediss://`` result backend uses it (named by cla
 path before the URL, ``cleveragents/worker/startup.py``), and on a ``sentinel://`` one
 ``SentinelBackend``, the same over Celery's Sentinel backend (its connections find the
 primary through the Sentinels each time they connect); producers, Flower and every
-reader keep Celery's own, which reads the same keys. A worker's connections also
-carry the fleet's TCP keepalive (``stores/redis_sockets.py``).
+reader keep Celery's own, which reads the same keys (on ``sentinel://``, as
+``FollowingSentinelBackend``: Celery's, with connections that follow a failover at once,
+``sentinel_follow.py``). A worker's connections also carry the fleet's TCP keepalive
+(``stores/redis_sockets.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.objects import cached_property
 
+from cleveragents.broker.redis.sentinel_follow import follow
 from cleveragents.stores.redis_retry import say_away, say_back
 from cleveragents.stores.redis_sockets import keepalive_options
 from cleveragents.stores.replication import ReplicaWait
@@ -38,12 +41,15 @@ from cleveragents.stores.state_lua import STORE_STATE_LUA
 
 __all__ = [
     "BACKEND_CLASS",
+    "FOLLOWING_SENTINEL_BACKEND_CLASS",
     "SEND_ONLY_BACKEND_CLASS",
     "SENTINEL_BACKEND_CLASS",
     "STORE_LUA",
+    "FollowingSentinelBackend",
     "RedisBackend",
     "SendOnlyRedisBackend",
     "SentinelBackend",
+    "reader_result_backend",
     "send_only_result_backend",
     "worker_result_backend",
 ]
@@ -53,6 +59,11 @@ BACKEND_CLASS = "cleveragents.broker.redis.result_backend:RedisBackend"
 
 #: ``RedisBackend`` on Redis Sentinel, by class path.
 SENTINEL_BACKEND_CLASS = "cleveragents.broker.redis.result_backend:SentinelBackend"
+
+#: Celery's own Sentinel backend, following a failover at once, by class path.
+FOLLOWING_SENTINEL_BACKEND_CLASS = (
+    "cleveragents.broker.redis.result_backend:FollowingSentinelBackend"
+)
 
 #: The producer backend of a client that awaits results by other means (``AsyncSkillClient``).
 SEND_ONLY_BACKEND_CLASS = "cleveragents.broker.redis.result_backend:SendOnlyRedisBackend"
@@ -168,14 +179,31 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]
         return stored
 
 
-class SentinelBackend(RedisBackend, CelerySentinelBackend):  # type: ignore[misc]
+class FollowingSentinelBackend(CelerySentinelBackend):  # type: ignore[misc]
+    """Celery's Sentinel backend, its pool's connections cut as soon as the Sentinels
+    name a new primary (``sentinel_follow.py``)."""
+
+    def _get_pool(self, **params: Any) -> Any:
+        return follow(super()._get_pool(**params))  # type: ignore[misc]
+
+
+class SentinelBackend(RedisBackend, FollowingSentinelBackend):  # type: ignore[misc]
     """``RedisBackend`` on Redis Sentinel: the same one-script store, on the primary the
     Sentinels name (``result_backend_transport_options["master_name"]``)."""
 
 
+def reader_result_backend(url: str) -> str:
+    """The ``result_backend`` of a producer or a reader for ``url``: ``url`` itself, or
+    on ``sentinel://`` ``FollowingSentinelBackend`` by class path."""
+    if url.partition("://")[0].lower() == "sentinel":
+        return f"{FOLLOWING_SENTINEL_BACKEND_CLASS}+{url}"
+    return url
+
+
 def worker_result_backend(url: str | None) -> str | None:
     """The ``result_backend`` a worker sets for ``url`` (None: keep it as it is)."""
-    scheme = (url or "").partition("://")[0].lower()
+    url = (url or "").removeprefix(f"{FOLLOWING_SENTINEL_BACKEND_CLASS}+")
+    scheme = url.partition("://")[0].lower()
     if scheme == "sentinel":
         return f"{SENTINEL_BACKEND_CLASS}+{url}"
     if not url or scheme not in ("redis", "rediss", "redis+socket"):

@@ -13,7 +13,9 @@ After a failover every connection to the old primary fails (refused, reset, or
 ``READONLY`` once it is a replica: redis-py turns that into a connection error); kombu
 reconnects the channel, and the new connections find the new primary through the
 Sentinels. The heartbeat has a client of its own (``heartbeat_client``), on the same
-Sentinels, with short time-outs.
+Sentinels, with short time-outs. Every pool here follows a failover as soon as the
+Sentinels name a new primary (``sentinel_follow.follow``), not when its connections to the
+lost one are found half-open.
 
 Written for kombu 5.7's ``SentinelChannel`` (``broker/internals.py``, ``redis-transport``).
 """
@@ -27,6 +29,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from redis.sentinel import Sentinel
 
+from cleveragents.broker.redis.sentinel_follow import follow, sentinel_kwargs
 from cleveragents.broker.redis.transport import Channel, Transport
 
 __all__ = ["SentinelChannel", "SentinelTransport", "sentinel_addresses", "sentinel_client"]
@@ -60,10 +63,10 @@ def sentinel_client(url: str, master: str, **options: Any) -> redis.Redis:
         params["password"] = unquote(first.password)
     if first.username:
         params["username"] = unquote(first.username)
-    timeout = options.get("socket_timeout")
-    sentinels = Sentinel(sentinel_addresses([url]), sentinel_kwargs={"socket_timeout": timeout})
+    sentinels = Sentinel(sentinel_addresses([url]), sentinel_kwargs=sentinel_kwargs())
     credentials = {k: params.pop(k) for k in ("username", "password") if k in params}
     client: redis.Redis = sentinels.master_for(master, redis.Redis, **credentials, **params)
+    follow(client.connection_pool)
     return client
 
 
@@ -81,6 +84,9 @@ class SentinelChannel(kombu_redis.SentinelChannel, Channel):  # type: ignore[mis
     min_other_sentinels: int = 0
     sentinel_kwargs: dict[str, Any] | None = None
 
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        return follow(super()._sentinel_managed_pool(asynchronous))  # type: ignore[misc]
+
     def heartbeat_client(self) -> redis.Redis:
         """A client of its own for the heartbeat, on the primary the Sentinels name now."""
         params: dict[str, Any] = self._connparams()  # type: ignore[attr-defined]
@@ -97,13 +103,14 @@ class SentinelChannel(kombu_redis.SentinelChannel, Channel):  # type: ignore[mis
         sentinels = Sentinel(
             addresses,
             min_other_sentinels=self.min_other_sentinels,
-            sentinel_kwargs={"socket_timeout": seconds, **(self.sentinel_kwargs or {})},
+            sentinel_kwargs={**sentinel_kwargs(), **(self.sentinel_kwargs or {})},
             **params,
         )
         if not self.master_name:
             raise ValueError("'master_name' transport option must be specified.")
         credentials = {k: params[k] for k in ("username", "password") if params.get(k)}
         client: redis.Redis = sentinels.master_for(self.master_name, redis.Redis, **credentials)
+        follow(client.connection_pool)
         return client
 
 
