@@ -16,6 +16,7 @@ from celery.app.backends import BACKEND_ALIASES
 from kombu import Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
+from cleveragents.broker.amqp_tls import amqps_tls
 from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
@@ -156,8 +157,11 @@ def _known_schemes(settings: Settings) -> None:
 
 def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     _known_schemes(settings)
+    # An amqps:// URL's TLS parameters are py-amqp's options (broker/amqp_tls.py).
+    broker_url, tls = amqps_tls(settings.broker_url or "")
     return {
-        "broker_url": settings.broker_url or "",
+        "broker_url": broker_url,
+        **({"broker_use_ssl": tls} if tls else {}),
         "result_backend": reader_result_backend(
             settings.result_backend or _default_backend(settings)
         ),

@@ -21,6 +21,7 @@ from typing import Any
 
 from kombu import Connection, Exchange, Queue
 
+from cleveragents.broker.amqp_tls import amqps_tls
 from cleveragents.constants import DELIVERY_LIMIT, QUEUE_DEAD
 from cleveragents.settings import Settings
 
@@ -125,7 +126,8 @@ class RabbitQueues:
         from kombu.exceptions import KombuError  # a refused connection, after its retry
 
         try:
-            with Connection(self.url, connect_timeout=CONNECT_TIMEOUT_S) as connection:
+            url, tls = amqps_tls(self.url)
+            with Connection(url, ssl=tls or False, connect_timeout=CONNECT_TIMEOUT_S) as connection:
                 connection.ensure_connection(max_retries=1)
                 depths: dict[str, int] = {}
                 for name in self.names:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from amqp.exceptions import AccessRefused, AMQPError, NotAllowed
 from kombu.exceptions import KombuError
 from kombu.utils.url import maybe_sanitize_url
 
+from cleveragents.broker.amqp_tls import amqps_tls
 from cleveragents.cli.render import CliFailure
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
@@ -128,13 +130,29 @@ def _no_such_database(url: str, setting: str, exc: Exception) -> str:
     )
 
 
+def _tls_refused(exc: BaseException | None) -> bool:
+    """True when ``exc``, or what it wraps (kombu's ``OperationalError``), is a TLS failure."""
+    while exc is not None:
+        if isinstance(exc, ssl.SSLError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _connect(url: str, setting: str) -> None:
     shown = maybe_sanitize_url(url)
-    with kombu.Connection(url, connect_timeout=FIRST_CONTACT_S) as connection:
+    plain, tls = amqps_tls(url, setting)
+    with kombu.Connection(plain, ssl=tls or False, connect_timeout=FIRST_CONTACT_S) as connection:
         try:
             connection.ensure_connection(max_retries=1, timeout=int(FIRST_CONTACT_S))
         except (KombuError, AMQPError, OSError) as exc:
             text = str(exc)
+            if _tls_refused(exc):
+                raise CliFailure(
+                    f"RabbitMQ at {shown} was not trusted over TLS ({text}): the CA of "
+                    f"ssl_ca_certs in {setting} must have signed the node's certificate, "
+                    "and the certificate must name the host the URL gives"
+                ) from None
             if isinstance(exc, AccessRefused | NotAllowed):
                 raise CliFailure(
                     f"RabbitMQ at {shown} refused this client ({text}): check the user, "

@@ -46,6 +46,8 @@ REDIS_PORT = 6379
 REDIS_TLS_PORT = 6380
 SENTINEL_PORT = 26379
 AMQP_PORT = 5672
+#: RabbitMQ's TLS port on each rig node.
+AMQPS_PORT = 5671
 #: The hosts a Sentinel runs on (the sentinel topology): any one lost leaves a majority.
 SENTINEL_HOSTS = ("redis1", "redis2", "prod")
 #: The name the Sentinels monitor the primary under (CLEVERAGENTS_SENTINEL_MASTER).
@@ -193,12 +195,15 @@ class HostsRig:
             return self.sentinel_url()
         if self.layout.topology != "rabbitmq":
             return self.redis_url()
-        # amqp:// even with ``tls``: the nodes listen on amqps:// (5671) too, but the
-        # product has no setting yet for the CA an amqps:// broker is checked against
-        # (py-amqp checks certificates and loads no CA by itself): TODO, see
-        # docs/deployment.md. Redis (results) is on rediss:// with ``tls``.
-        urls = [f"amqp://guest:guest@{self.host(n).address}:{AMQP_PORT}//"
-                for n in ("rmq1", "rmq2", "rmq3")]
+        # With ``tls``, amqps:// checked against the rig's CA (broker/amqp_tls.py), as
+        # Redis (results) is on rediss://.
+        if self.ca is not None:
+            query = f"?ssl_ca_certs={self.ca.ca}&ssl_cert_reqs=required"
+            urls = [f"amqps://guest:guest@{self.host(n).address}:{AMQPS_PORT}//{query}"
+                    for n in ("rmq1", "rmq2", "rmq3")]
+        else:
+            urls = [f"amqp://guest:guest@{self.host(n).address}:{AMQP_PORT}//"
+                    for n in ("rmq1", "rmq2", "rmq3")]
         return ";".join(urls)
 
     def env(self) -> dict[str, str]:
