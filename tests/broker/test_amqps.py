@@ -65,12 +65,7 @@ def test_a_node_the_ca_did_not_sign_is_refused_in_one_line(
            "CLEVERAGENTS_RESULT_BACKEND": redis_url,
            "CLEVERAGENTS_HOME": str(tmp_path / "home")}
     # When a command is run on it
-    done = subprocess.run(
-        [sys.executable, "-m", "cleveragents", "submit", "local/text-tools", "local/word-count",
-         '--args', '{"text": "a"}'],
-        env={**clean_env(), **env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True,
-        text=True, timeout=60, check=False,
-    )  # fmt: skip
+    done = _submit(env)
     # Then it exits 2 (a broker it cannot use) with one line that says the node's
     # certificate was not trusted and what to check
     assert done.returncode == 2, done
@@ -87,14 +82,19 @@ def test_an_unknown_tls_parameter_is_named_in_one_line(
     _, url = amqps_node
     env = {"CLEVERAGENTS_BROKER_URL": f"{url}?ssl_ca_cert=/tmp/ca.pem",
            "CLEVERAGENTS_RESULT_BACKEND": redis_url, "CLEVERAGENTS_HOME": str(tmp_path / "h")}
-    done = subprocess.run(
-        [sys.executable, "-m", "cleveragents", "submit", "local/text-tools", "local/word-count",
-         '--args', '{"text": "a"}'],
-        env={**clean_env(), **env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True,
-        text=True, timeout=60, check=False,
-    )  # fmt: skip
+    done = _submit(env)
     assert done.returncode != 0, done
     assert done.stderr.strip().splitlines() == [
         "error: CLEVERAGENTS_BROKER_URL: unknown TLS parameter 'ssl_ca_cert' in an amqps:// "
         "URL; it takes ssl_ca_certs, ssl_cert_reqs, ssl_certfile, ssl_keyfile"
     ], done.stderr
+
+
+def _submit(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``cleveragents submit`` of a word count under ``env``, run from the checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "cleveragents", "submit", "local/text-tools", "local/word-count",
+         "--args", '{"text": "a"}'],
+        env={**clean_env(), **env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip

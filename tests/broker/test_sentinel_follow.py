@@ -48,21 +48,13 @@ def test_a_command_waiting_on_a_frozen_primary_ends_and_the_next_reaches_the_new
 ) -> None:
     # Given a client on the Sentinels with a connection open to the primary
     client = sentinel_client(fleet.url, MASTER, socket_timeout=SOCKET_TIMEOUT_S)
-    client.set("greeting", "hello")
-    fleet.primary().wait(1, 5000)  # on the replica too
     # When the primary stops answering while a command waits on it
-    ended: list[tuple[float, object]] = []
-    waiting = threading.Thread(target=_get, args=(client, ended), daemon=True)
-    old = fleet.freeze_primary()
-    waiting.start()
-    failover = fleet.wait_failover(old, timeout=30)
-    waiting.join(SOCKET_TIMEOUT_S + 5)
+    after_s, outcome, old = _get_across_a_freeze(fleet, client)
     # Then the wait ended as a dropped connection does, within a watch's pace and a
     # Sentinel's time-out of the failover (far under the socket's time-out), and the
     # client's next command is answered by the new primary
-    [(at, outcome)] = ended
     assert isinstance(outcome, redis.ConnectionError), outcome
-    assert at - failover < WATCH_S + SENTINEL_TIMEOUT_S + SLACK_S
+    assert after_s < WATCH_S + SENTINEL_TIMEOUT_S + SLACK_S
     assert client.get("greeting") == b"hello"
     assert int(client.info("server")["tcp_port"]) == fleet.primary_port() != old
 
@@ -74,20 +66,27 @@ def test_a_command_retried_after_the_cut_is_answered_by_the_new_primary(
     # the stores' do), with a connection open to the primary
     client = sentinel_client(fleet.url, MASTER, socket_timeout=SOCKET_TIMEOUT_S,
                              retry=Retry(NoBackoff(), 3), retry_on_error=[redis.ConnectionError])
+    # When the primary stops answering while a command waits on it
+    after_s, outcome, _ = _get_across_a_freeze(fleet, client)
+    # Then its retry reconnected where the Sentinels say the primary is now (redis-py's
+    # retry reconnects to the address the connection had), and was answered there
+    assert outcome == b"hello"
+    assert after_s < WATCH_S + SENTINEL_TIMEOUT_S + SLACK_S
+
+
+def _get_across_a_freeze(fleet: SentinelFleet, client: redis.Redis) -> tuple[float, object, int]:
+    """A GET sent as the primary freezes: when it ended after the failover, with what,
+    and the frozen primary's port."""
     client.set("greeting", "hello")
     fleet.primary().wait(1, 5000)  # on the replica too
-    # When the primary stops answering while a command waits on it
     ended: list[tuple[float, object]] = []
     waiting = threading.Thread(target=_get, args=(client, ended), daemon=True)
     old = fleet.freeze_primary()
     waiting.start()
     failover = fleet.wait_failover(old, timeout=30)
     waiting.join(SOCKET_TIMEOUT_S + 5)
-    # Then its retry reconnected where the Sentinels say the primary is now (redis-py's
-    # retry reconnects to the address the connection had), and was answered there
     [(at, outcome)] = ended
-    assert outcome == b"hello"
-    assert at - failover < WATCH_S + SENTINEL_TIMEOUT_S + SLACK_S
+    return at - failover, outcome, old
 
 
 def test_the_watch_leaves_the_connections_to_the_primary_alone(fleet: SentinelFleet) -> None:
