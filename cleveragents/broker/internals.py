@@ -260,7 +260,8 @@ INTERNALS: tuple[Internal, ...] = (
         "redis-transport",
         "cleveragents.broker.redis.sentinel",
         _K_REDIS_SRC,
-        (f"{_K_REDIS}:SentinelChannel._sentinel_managed_pool", "read"),
+        # Its pool's connections follow a failover at once (broker/redis/sentinel_follow.py).
+        (f"{_K_REDIS}:SentinelChannel._sentinel_managed_pool", "override"),
         (f"{_K_REDIS}:SentinelChannel._get_pool", "read"),
         (f"{_K_REDIS}:SentinelChannel.from_transport_options", "read"),
         (f"{_K_REDIS}:SentinelChannel.connection_class", "read"),
@@ -289,6 +290,8 @@ INTERNALS: tuple[Internal, ...] = (
         ("celery.backends.redis:RedisBackend._get_result_meta", "read"),
         ("celery.backends.redis:RedisBackend.ensure", "override"),
         ("celery.backends.redis:RedisBackend.on_connection_error", "override"),
+        # On Sentinel, its pool's connections follow a failover at once (sentinel_follow.py).
+        ("celery.backends.redis:SentinelBackend._get_pool", "override"),
     ),
     # The consumer: its steps by name (remote control guarded) and its message handling.
     *_uses(

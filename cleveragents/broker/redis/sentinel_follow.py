@@ -35,7 +35,11 @@ import weakref
 from typing import Any
 
 import redis
-from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import (
+    MasterNotFoundError,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 
 __all__ = [
     "SENTINEL_TIMEOUT_S",
@@ -49,6 +53,11 @@ __all__ = [
 SENTINEL_TIMEOUT_S = 2.0
 #: Seconds between two questions of a process's watcher to the Sentinels.
 WATCH_S = 1.0
+#: Seconds a connection asks the Sentinels again while none names a healthy primary
+#: (right after a failover one may still flag the new primary down for a second), and
+#: between two questions then.
+SETTLE_S = 3.0
+SETTLE_STEP_S = 0.2
 
 Address = tuple[str, int]
 
@@ -93,7 +102,16 @@ class Following(SentinelManagedConnection):
 
     def _connect_retry(self) -> None:
         _watcher(self.connection_pool).prefer_answering(self.connection_pool.sentinel_manager)
-        super()._connect_retry()  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            try:
+                return super()._connect_retry()  # type: ignore[no-untyped-call,no-any-return]
+            except MasterNotFoundError:
+                if time.monotonic() >= deadline:
+                    raise
+                # Mid-failover, for a moment no Sentinel names a healthy primary (one
+                # still flags the new one down): ask again shortly.
+                time.sleep(SETTLE_STEP_S)
 
 
 class _Watcher:
