@@ -1,5 +1,6 @@
-"""The soak of benchmarks/soak.py, for one minute on Redis: load, batches and chaos, then
-every promise counted (its 30-minute runs on both brokers are quoted in docs/operations.md)."""
+"""The soak of benchmarks/soak.py, for half a minute on Redis: load, batches and chaos,
+then every promise counted (its 30-minute runs on both brokers are quoted in
+docs/operations.md; the suite keeps this one short)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,19 @@ from tests.support.procs import REPO
 pytestmark = pytest.mark.timeout(400)
 
 
-def test_a_minute_of_load_batches_and_chaos_loses_nothing_and_runs_no_write_twice() -> None:
+def test_half_a_minute_of_load_batches_and_chaos_loses_nothing_and_runs_no_write_twice() -> None:
     run = subprocess.run(
         [
             sys.executable, str(REPO / "benchmarks" / "soak.py"), "--json",
-            "--minutes", "1", "--rate", "10", "--chaos-every", "9", "--stop-scale", "0.25",
-            "--batch-every", "20", "--batch-lines", "200",
+            "--minutes", "0.5", "--rate", "10", "--chaos-every", "6", "--stop-scale", "0.25",
+            "--batch-every", "12", "--batch-lines", "150",
         ],
         cwd=REPO, capture_output=True, text=True, timeout=380,
     )
     assert run.returncode in (0, 1), run.stderr[-3000:]
     report = json.loads(run.stdout)
-    # Given a minute of mixed invocations, two batches and chaos every few seconds
-    assert sum(report["invocations"].values()) > 400, report
+    # Given half a minute of mixed invocations, two batches and chaos every few seconds
+    assert sum(report["invocations"].values()) > 200, report
     assert report["batches"] >= 2, report
     assert sum(report["chaos"].values()) >= 4, report
     # Then nothing is lost, no write that must run once ran twice, batches come in order
