@@ -413,7 +413,8 @@ def test_a_message_taken_from_the_read_queue_goes_back_to_it_whatever_the_bindin
         first = ExitStack()
         first.enter_context(compose_worker(server, "worker", tmp_path / "w1"))
         # Given a write pushed onto skills.read by the read-only worker's user, with a delay
-        # (a wait for its tool's limit: a write worker holds it until then)
+        # (a wait for its tool's limit: a write worker holds it until then; 12 s covers
+        # the worker's start and its fetch on a loaded machine)
         app = role_app(server, "worker-readonly")
         with denied_join_result():
             app.send_task(
@@ -421,7 +422,7 @@ def test_a_message_taken_from_the_read_queue_goes_back_to_it_whatever_the_bindin
                 args=[body],
                 task_id=rid,
                 queue="skills.read",
-                countdown=30,
+                countdown=12,
                 headers={"cleveragents_waits": 1},
             )
         app.close()

@@ -19,7 +19,7 @@ def test_half_a_minute_of_load_batches_and_chaos_loses_nothing_and_runs_no_write
     run = subprocess.run(
         [
             sys.executable, str(REPO / "benchmarks" / "soak.py"), "--json",
-            "--minutes", "0.5", "--rate", "10", "--chaos-every", "6", "--stop-scale", "0.25",
+            "--minutes", "0.5", "--rate", "10", "--chaos-every", "5", "--stop-scale", "0.25",
             "--batch-every", "12", "--batch-lines", "150",
         ],
         cwd=REPO, capture_output=True, text=True, timeout=380,
@@ -29,7 +29,7 @@ def test_half_a_minute_of_load_batches_and_chaos_loses_nothing_and_runs_no_write
     # Given half a minute of mixed invocations, two batches and chaos every few seconds
     assert sum(report["invocations"].values()) > 200, report
     assert report["batches"] >= 2, report
-    assert sum(report["chaos"].values()) >= 4, report
+    assert sum(report["chaos"].values()) >= 3, report  # each waits for its recovery
     # Then nothing is lost, no write that must run once ran twice, batches come in order
     assert report["lost"] == 0, report
     assert report["duplicate_writes"] == 0, report

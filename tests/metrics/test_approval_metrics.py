@@ -24,7 +24,7 @@ OLDEST = "cleveragents_approvals_oldest_waiting_seconds"
 def test_approvals_are_counted_once_by_outcome_and_the_oldest_wait_is_a_gauge(
     redis_url: str, client: SkillClient, start_worker: Callable[..., Worker], tmp_path: Path
 ) -> None:
-    start_worker(redis_url, CLEVERAGENTS_APPROVAL_TTL_S="20")  # parks 3 under load
+    start_worker(redis_url, CLEVERAGENTS_APPROVAL_TTL_S="10")  # parks 3 under load
     log = str(tmp_path / "payments.jsonl")
     handles = {
         key: client.submit(SKILL, PAY, {"log": log, "key": key}, allow_writes=True)
