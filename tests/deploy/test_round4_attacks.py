@@ -412,9 +412,8 @@ def test_a_message_taken_from_the_read_queue_goes_back_to_it_whatever_the_bindin
         producer = stack.enter_context(producer_client(server, tmp_path / "producer"))
         first = ExitStack()
         first.enter_context(compose_worker(server, "worker", tmp_path / "w1"))
-        # Given a write pushed onto skills.read by the read-only worker's user, with a delay
-        # (a wait for its tool's limit: a write worker holds it until then; 12 s covers
-        # the worker's start and its fetch on a loaded machine)
+        # Given a write pushed onto skills.read by the read-only worker's user, delayed 12 s
+        # (a limit's wait: a write worker holds it until then; its start and fetch fit)
         app = role_app(server, "worker-readonly")
         with denied_join_result():
             app.send_task(
