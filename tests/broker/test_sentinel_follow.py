@@ -20,11 +20,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cleveragents.broker.redis.sentinel import sentinel_client
-from cleveragents.broker.redis.sentinel_follow import SENTINEL_TIMEOUT_S, WATCH_S
+from cleveragents.broker.redis.sentinel_follow import SENTINEL_TIMEOUT_S, WATCH_S, _watcher
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings
 from tests.conftest import worker_env
-from tests.support.procs import Worker
+from tests.support.procs import Worker, wait_until
 from tests.support.sentinel import MASTER, SentinelFleet, sentinel_fleet
 
 pytestmark = pytest.mark.timeout(120)
@@ -93,8 +93,10 @@ def test_the_watch_leaves_the_connections_to_the_primary_alone(fleet: SentinelFl
     # Given a client with a connection to the primary, and no failover
     client = sentinel_client(fleet.url, MASTER, socket_timeout=5)
     connection_id = client.client_id()
-    # When a watch's pace passes several times
-    time.sleep(4 * WATCH_S)  # the watcher asks the Sentinels meanwhile
+    # When the process's watcher has had three answers from the Sentinels
+    watcher = _watcher(client.connection_pool)
+    answered = watcher.answers
+    wait_until(lambda: watcher.answers >= answered + 3, 10 * WATCH_S, "three answers")
     # Then the same connection serves: none was cut
     assert client.client_id() == connection_id
 

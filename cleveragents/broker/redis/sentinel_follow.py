@@ -122,6 +122,7 @@ class _Watcher:
         self.sentinels = [_short(node) for node in pool.sentinel_manager.sentinels]
         self.answering: Address | None = None  # the Sentinel that answered last
         self.primary: Address | None = None
+        self.answers = 0  # how many questions a Sentinel answered
         self.connections: weakref.WeakSet[Following] = weakref.WeakSet()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"sentinel-follow-{self.service}",
@@ -146,6 +147,7 @@ class _Watcher:
             if primary is None:
                 continue
             with self.lock:
+                self.answers += 1
                 before, self.primary = self.primary, primary
                 stale = [c for c in self.connections if (str(c.host), int(c.port)) != primary]
             if before not in (None, primary):
@@ -174,7 +176,7 @@ _watchers: dict[tuple[str, tuple[Address, ...]], _Watcher] = {}
 _watchers_lock = threading.Lock()
 
 
-def _watcher(pool: SentinelConnectionPool) -> _Watcher:
+def _watcher(pool: Any) -> _Watcher:
     key = (pool.service_name, tuple(sorted(_address(n) for n in pool.sentinel_manager.sentinels)))
     with _watchers_lock:
         found = _watchers.get(key)
