@@ -103,7 +103,7 @@ class SentinelChannel(kombu_redis.SentinelChannel, Channel):  # type: ignore[mis
         sentinels = Sentinel(
             addresses,
             min_other_sentinels=self.min_other_sentinels,
-            sentinel_kwargs={**sentinel_kwargs(), **(self.sentinel_kwargs or {})},
+            sentinel_kwargs=self.sentinel_kwargs or sentinel_kwargs(),  # the fleet sets them
             **params,
         )
         if not self.master_name:
