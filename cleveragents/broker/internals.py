@@ -239,6 +239,9 @@ INTERNALS: tuple[Internal, ...] = (
         # Its finally block calls _flush_brpop_reauth, new in kombu 5.7.
         (f"{_K_REDIS}:Channel._brpop_read", "copy:c42518699709f2df"),
         (f"{_K_REDIS}:Channel._put", "copy:1c0cf9749576614c"),
+        # A closed fanout subscription is a lost connection, not a read that blocks.
+        (f"{_K_REDIS}:Channel._receive_one", "override"),
+        (f"{_K_REDIS}:Channel._closing", "read"),
         # A skill queue's message goes back to the queue it was taken from (round 4).
         (f"{_K_REDIS}:Channel._do_restore_message", "override"),
         ("kombu.transport.virtual.base:Channel._lookup", "override"),

@@ -109,11 +109,6 @@ def _get(client: redis.Redis, ended: list[tuple[float, object]]) -> None:
     ended.append((time.monotonic(), outcome))
 
 
-@pytest.mark.skip(reason=(
-    "issue 49, left open: in about 1 run of 4 here the read is received and run, but its "
-    "result never reaches the producer within 80 s (a connection in the pool process "
-    "seems to stay on the frozen primary); passes otherwise, 0.6 to 1.5 s"
-))
 def test_a_fleet_serves_again_within_the_recovery_time_of_the_failover(
     fleet: SentinelFleet, tmp_path: Path
 ) -> None:

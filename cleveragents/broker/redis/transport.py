@@ -299,6 +299,7 @@ class Channel(kombu_redis.Channel):
     pool: Any
     async_pool: Any
     connection_errors: Any
+    _closing: bool
 
     #: What the consuming connection was last sent: "fetch" (the script), "wait" (on
     #: the doorbells), "brpop" (kombu's, for queues consumed without acknowledgement).
@@ -399,6 +400,21 @@ class Channel(kombu_redis.Channel):
         self._brpop_sent_at = time.monotonic()
         client.connection.send_command(*command)
 
+    def _receive_one(self, c: Any) -> Any:
+        """kombu's read of the fanout subscription, once it holds something to read.
+
+        kombu reads it blocking when its socket is readable. A socket the server closed
+        (``CLIENT KILL``, a pub/sub output buffer over its limit, the Sentinel watch's
+        cut) is readable too, and redis-py's retry then reconnected inline and blocked
+        on the new connection until the next broadcast: the event loop stopped, nothing
+        more was fetched. Looked at first, a closed connection raises here instead, and
+        the consumer reconnects as for any broker connection lost.
+        """
+        connection = c.connection
+        if connection is not None and not connection.can_read(timeout=0):
+            return None  # woken for nothing: the blocking read would wait
+        return super()._receive_one(c)  # type: ignore[misc]
+
     def _lookup(self, exchange: Any, routing_key: Any, default: Any = None) -> list[str]:
         """The queues a message sent to ``exchange`` goes to: a skill queue's own exchange
         routes to that queue alone, whatever kombu's binding table says (a read-only
@@ -456,8 +472,11 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()  # type: ignore[attr-defined]
-            if look_now and self.qos.can_consume():
-                # At once, on this connection: a woken worker saves a turn of its loop.
+            # At once, on this connection: a woken worker saves a turn of its loop. Not
+            # as the channel closes (kombu reads the outstanding reply then): a fetch
+            # sent then could take a message whose reply nobody reads, held until its
+            # holder's beat expired.
+            if look_now and not self._closing and self.qos.can_consume():
                 self._brpop_start()
 
     def _fetch_reply(self, sent: str, options: dict[str, Any]) -> Any:
