@@ -241,10 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.seed = random.randrange(1 << 30) if args.seed is None else args.seed
     args.command = shlex.join(["benchmarks/soak_hosts.py", *(argv or sys.argv[1:])])
-    if args.topology == "sentinel" and args.tls:
-        print("soak_hosts: the sentinel topology runs without TLS (a sentinel:// URL "
-              "carries no TLS settings)", file=sys.stderr)
-        return 2
     problem = netns.missing()
     if problem is not None:
         print(f"soak_hosts: {problem}", file=sys.stderr)

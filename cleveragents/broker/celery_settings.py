@@ -16,7 +16,6 @@ from celery.app.backends import BACKEND_ALIASES
 from kombu import Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
-from cleveragents.broker.amqp_tls import amqps_tls
 from cleveragents.broker.internals import fits
 from cleveragents.broker.rabbitmq import heartbeat_s, skill_queue, uses_amqp
 from cleveragents.broker.rabbitmq import transport_options as amqp_transport_options
@@ -24,6 +23,7 @@ from cleveragents.broker.redis.liveness import RecoveryKeys, RecoveryTiming
 from cleveragents.broker.redis.result_backend import reader_result_backend
 from cleveragents.broker.redis.sentinel_follow import sentinel_kwargs
 from cleveragents.broker.signing import DIGEST, SIGNED_SERIALIZER
+from cleveragents.broker.url_tls import amqps_tls, sentinel_tls
 from cleveragents.constants import (
     HARD_LIMIT_GRACE_S,
     MAX_LIMIT_WAIT_S,
@@ -157,15 +157,19 @@ def _known_schemes(settings: Settings) -> None:
 
 def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     _known_schemes(settings)
-    # An amqps:// URL's TLS parameters are py-amqp's options (broker/amqp_tls.py).
+    # An amqps:// or sentinel:// URL's TLS parameters are Celery's settings (broker/url_tls.py).
     broker_url, tls = amqps_tls(settings.broker_url or "")
+    broker_url, sentinel_tls_options = sentinel_tls(broker_url, "CLEVERAGENTS_BROKER_URL")
+    tls = tls or sentinel_tls_options
+    backend, backend_tls = sentinel_tls(
+        settings.result_backend or _default_backend(settings), "CLEVERAGENTS_RESULT_BACKEND"
+    )
     return {
         "broker_url": broker_url,
         **({"broker_use_ssl": tls} if tls else {}),
-        "result_backend": reader_result_backend(
-            settings.result_backend or _default_backend(settings)
-        ),
-        **_backend_options(settings),
+        "result_backend": reader_result_backend(backend),
+        **({"redis_backend_use_ssl": backend_tls} if backend_tls else {}),
+        **_backend_options(settings, backend, backend_tls),
         **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
@@ -186,14 +190,13 @@ def _scheme(url: str | None) -> str:
     return (url or "").partition("://")[0].lower()
 
 
-def _backend_options(settings: Settings) -> dict[str, Any]:
+def _backend_options(settings: Settings, backend: str, tls: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     # A sentinel:// result backend (Celery's SentinelBackend) finds its primary under
     # CLEVERAGENTS_SENTINEL_MASTER; every store uses its client (stores/factory.py), so
     # they follow the primary with it.
-    backend = settings.result_backend or _default_backend(settings)
-    if _scheme(backend) in SENTINEL_SCHEMES:  # short time-outs on the Sentinels, too
-        options.update(master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs())
+    if _scheme(backend) in SENTINEL_SCHEMES:  # short time-outs on the Sentinels, and TLS
+        options.update(master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs(tls))
     # A worker's result is stored once a replica has it (broker/redis/result_backend.py).
     if settings.replica_wait_ms:
         options["replica_wait_ms"] = settings.replica_wait_ms
@@ -219,8 +222,9 @@ def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
     if scheme in SENTINEL_SCHEMES:  # kombu's Sentinel channel finds the primary by name
+        _, tls = sentinel_tls(url, "CLEVERAGENTS_BROKER_URL")
         options["broker_transport_options"].update(
-            master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs()
+            master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs(tls)
         )
     if scheme not in REDIS_TRANSPORT_SCHEMES:
         return options

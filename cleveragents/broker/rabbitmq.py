@@ -21,7 +21,7 @@ from typing import Any
 
 from kombu import Connection, Exchange, Queue
 
-from cleveragents.broker.amqp_tls import amqps_tls
+from cleveragents.broker.url_tls import amqps_tls
 from cleveragents.constants import DELIVERY_LIMIT, QUEUE_DEAD
 from cleveragents.settings import Settings
 

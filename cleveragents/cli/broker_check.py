@@ -30,7 +30,7 @@ from amqp.exceptions import AccessRefused, AMQPError, NotAllowed
 from kombu.exceptions import KombuError
 from kombu.utils.url import maybe_sanitize_url
 
-from cleveragents.broker.amqp_tls import amqps_tls
+from cleveragents.broker.url_tls import amqps_tls
 from cleveragents.cli.render import CliFailure
 from cleveragents.client import SkillClient
 from cleveragents.settings import Settings

@@ -1,6 +1,6 @@
 """RabbitMQ over TLS: an ``amqps://`` URL carries the CA its nodes' certificates are
 checked against (``?ssl_ca_certs=...``, as ``rediss://`` does), and a node whose
-certificate that CA did not sign is refused in one line (``broker/amqp_tls.py``).
+certificate that CA did not sign is refused in one line (``broker/url_tls.py``).
 
 The machine's RabbitMQ behind a TLS proxy (``tests/support/tls_proxy.py``) with a
 certificate signed by a CA the test makes; a real worker and producer on the URL.

@@ -109,11 +109,18 @@ def _get(client: redis.Redis, ended: list[tuple[float, object]]) -> None:
     ended.append((time.monotonic(), outcome))
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_a_fleet_serves_again_within_the_recovery_time_of_the_failover(
-    fleet: SentinelFleet, tmp_path: Path
+    tls: bool, tmp_path: Path
 ) -> None:
+    with sentinel_fleet(tls=tls) as fleet:
+        _serves_across_a_freeze(fleet, tmp_path)
+
+
+def _serves_across_a_freeze(fleet: SentinelFleet, tmp_path: Path) -> None:
     # Given a worker and a producer on sentinel:// URLs that have served, with their
-    # connections open to the primary
+    # connections open to the primary (over TLS only, with ``tls``: the servers and
+    # Sentinels have no plain port, and the URLs name the CA)
     env: dict[str, str] = {"CLEVERAGENTS_HOME": str(tmp_path / "home"),
                            "CLEVERAGENTS_RECOVERY_S": "4"}
     worker = Worker({**worker_env(fleet.url), **env}, concurrency=2).start()

@@ -1,15 +1,16 @@
 """The Redis primary's host lost, on a fleet that finds Redis through Sentinel.
 
-The rig's ``sentinel`` topology (tests/support/hosts_rig.py): producers on ``prod``,
-workers on ``work1`` and ``work2``, the Redis primary on ``redis1`` and its replica on
-``redis2``, three Sentinels on ``redis1``, ``redis2`` and ``prod`` (quorum 2); every
-producer and worker is given the Sentinels' ``sentinel://`` URLs, never a server's
-address. A stream of single writes and a batch run while ``redis1`` vanishes whole
-(link down, its Redis and its Sentinel SIGKILLed). Promises: the two Sentinels left
-promote the replica, producers and workers follow it by themselves, nothing is lost,
-no write runs twice, and a new invocation is served within CLEVERAGENTS_RECOVERY_S of
-the failover (and a watch's pace: every process cuts its connections to the lost
-primary once the Sentinels name the new one, ``sentinel_follow.py``).
+The rig's ``sentinel`` topology (tests/support/hosts_rig.py) with TLS: producers on
+``prod``, workers on ``work1`` and ``work2``, the Redis primary on ``redis1`` and its
+replica on ``redis2``, three Sentinels on ``redis1``, ``redis2`` and ``prod`` (quorum
+2); servers, replication and Sentinels speak TLS only, and every producer and worker is
+given the Sentinels' ``sentinel://`` URLs with the rig's CA, never a server's address.
+A stream of single writes and a batch run while ``redis1`` vanishes whole (link down,
+its Redis and its Sentinel SIGKILLed). Promises: the two Sentinels left promote the
+replica, producers and workers follow it by themselves, nothing is lost, no write runs
+twice, and a new invocation is served within CLEVERAGENTS_RECOVERY_S of the failover
+(and a watch's pace: every process cuts its connections to the lost primary once the
+Sentinels name the new one, ``sentinel_follow.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SLACK_S = 6.0
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostsRig]:
-    layout = Layout(topology="sentinel", recovery_s=RECOVERY_S)
+    layout = Layout(topology="sentinel", tls=True, recovery_s=RECOVERY_S)
     yield from rig_with_workers(tmp_path_factory, layout)
 
 

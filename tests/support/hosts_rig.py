@@ -9,8 +9,8 @@ Two topologies (``Layout``):
   ``prod``, quorum 2) monitoring the primary as ``mymaster``; the fleet's broker and
   result backend are ``sentinel://`` URLs naming the three (producers and workers on
   other hosts reach them over the bridge), so a replica the Sentinels promote is
-  followed by the fleet itself. No TLS: a ``sentinel://`` URL carries no TLS settings
-  in the product (``Layout`` refuses ``tls`` with it).
+  followed by the fleet itself. With ``tls``, servers, replication and Sentinels speak
+  TLS only, and the ``sentinel://`` URLs name the rig's CA.
 * ``rabbitmq``: a three-node RabbitMQ cluster (``rmq1``-``rmq3``, the skill queues are
   quorum queues, replicated on all three) as broker, every node in the workers' and
   producers' URL (kombu fails over along the list), and Redis on ``redis1`` for results.
@@ -66,9 +66,8 @@ class Layout:
     replica: bool = True  # a Redis replica on redis2 (the redis and sentinel topologies)
 
     def __post_init__(self) -> None:
-        if self.topology == "sentinel" and (self.tls or not self.replica):
-            raise ValueError("the sentinel topology runs without TLS (a sentinel:// URL "
-                             "carries no TLS settings) and with a replica")
+        if self.topology == "sentinel" and not self.replica:
+            raise ValueError("the sentinel topology runs with a replica")
 
     @property
     def sentinels(self) -> bool:
@@ -177,7 +176,8 @@ class HostsRig:
 
     def sentinel_url(self) -> str:
         """The three Sentinels as Celery and kombu name them (``sentinel://a;...``)."""
-        return ";".join(f"sentinel://{self.host(n).address}:{SENTINEL_PORT}/0"
+        query = f"?ssl_ca_certs={self.ca.ca}&ssl_cert_reqs=required" if self.ca else ""
+        return ";".join(f"sentinel://{self.host(n).address}:{SENTINEL_PORT}/0{query}"
                         for n in SENTINEL_HOSTS)
 
     def primary(self, skip: str | None = None) -> Host:
@@ -195,7 +195,7 @@ class HostsRig:
             return self.sentinel_url()
         if self.layout.topology != "rabbitmq":
             return self.redis_url()
-        # With ``tls``, amqps:// checked against the rig's CA (broker/amqp_tls.py), as
+        # With ``tls``, amqps:// checked against the rig's CA (broker/url_tls.py), as
         # Redis (results) is on rediss://.
         if self.ca is not None:
             query = f"?ssl_ca_certs={self.ca.ca}&ssl_cert_reqs=required"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -55,9 +55,14 @@ def sentinel_conf(rig: HostsRig, name: str) -> Path:
     conf = folder / "sentinel.conf"
     if not conf.exists():
         primary = rig.host("redis1")
+        listen = [f"port {SENTINEL_PORT}"]
+        if rig.ca is not None:  # TLS only, to clients and to the servers it watches
+            listen = ["port 0", f"tls-port {SENTINEL_PORT}", f"tls-cert-file {rig.ca.cert}",
+                      f"tls-key-file {rig.ca.key}", f"tls-ca-cert-file {rig.ca.ca}",
+                      "tls-auth-clients no", "tls-replication yes"]
         conf.write_text("\n".join([
-            f"port {SENTINEL_PORT}", "protected-mode no", f"dir {folder}",
-            f"sentinel monitor {SENTINEL_MASTER} {primary.address} 6379 2",
+            *listen, "protected-mode no", f"dir {folder}",
+            f"sentinel monitor {SENTINEL_MASTER} {primary.address} {redis_port(rig)} 2",
             f"sentinel down-after-milliseconds {SENTINEL_MASTER} {SENTINEL_DOWN_AFTER_MS}",
             f"sentinel failover-timeout {SENTINEL_MASTER} 10000",
             f"sentinel parallel-syncs {SENTINEL_MASTER} 1",
@@ -76,7 +81,7 @@ def start_sentinel(rig: HostsRig, name: str) -> None:
     conf = sentinel_conf(rig, name)
     host = rig.host(name)
     host.start(["redis-server", str(conf), "--sentinel"], log=conf.parent / "sentinel.log")
-    ping = ["redis-cli", "-p", str(SENTINEL_PORT), "ping"]
+    ping = ["redis-cli", *_cli_tls(rig), "-p", str(SENTINEL_PORT), "ping"]
     wait_for(lambda: "PONG" in host.run(ping).stdout, 20, f"sentinel on {name}")
 
 
@@ -85,8 +90,6 @@ def start_sentinels(rig: HostsRig) -> None:
     waited for until they know each other and the replica."""
     from tests.support.hosts_rig import SENTINEL_HOSTS, wait_for
 
-    if rig.ca is not None:
-        raise ValueError("the rig's Sentinels run without TLS (sentinel:// has no TLS setting)")
     for name in SENTINEL_HOSTS:
         start_sentinel(rig, name)
     wait_for(lambda: quorum_ok(rig), 30,
@@ -99,15 +102,33 @@ def _sentinels(rig: HostsRig, skip: str | None = None) -> list[redis.Redis]:
     from tests.support.hosts_rig import SENTINEL_HOSTS, SENTINEL_PORT
 
     return [redis.Redis(host=rig.host(n).address, port=SENTINEL_PORT, socket_timeout=2,
-                        socket_connect_timeout=2, decode_responses=True)
+                        socket_connect_timeout=2, decode_responses=True, **_client_tls(rig))
             for n in SENTINEL_HOSTS if n != skip]
+
+
+def redis_port(rig: HostsRig) -> int:
+    """The port the rig's Redis servers listen on (TLS only with the rig's CA)."""
+    from tests.support.hosts_rig import REDIS_PORT, REDIS_TLS_PORT
+
+    return REDIS_PORT if rig.ca is None else REDIS_TLS_PORT
+
+
+def _client_tls(rig: HostsRig) -> dict[str, Any]:
+    """redis-py's options for the rig's servers and Sentinels."""
+    return {} if rig.ca is None else {"ssl": True, "ssl_ca_certs": str(rig.ca.ca)}
+
+
+def _cli_tls(rig: HostsRig) -> list[str]:
+    """redis-cli's options for the same."""
+    return [] if rig.ca is None else ["--tls", "--cacert", str(rig.ca.ca)]
 
 
 def quorum_ok(rig: HostsRig, usable: int = 3) -> bool:
     """True when prod's Sentinel says ``usable`` Sentinels can authorize a failover."""
     from tests.support.hosts_rig import SENTINEL_MASTER, SENTINEL_PORT
 
-    ask = ["redis-cli", "-p", str(SENTINEL_PORT), "sentinel", "ckquorum", SENTINEL_MASTER]
+    ask = ["redis-cli", *_cli_tls(rig), "-p", str(SENTINEL_PORT), "sentinel", "ckquorum",
+           SENTINEL_MASTER]
     return rig.host("prod").run(ask).stdout.startswith(f"OK {usable} usable")
 
 
@@ -131,7 +152,8 @@ def await_replica(rig: HostsRig, timeout: float = 60) -> None:
 
     def whole() -> bool:
         primary = rig.primary()
-        with redis.Redis(host=primary.address, port=6379, socket_timeout=2) as client:
+        with redis.Redis(host=primary.address, port=redis_port(rig), socket_timeout=2,
+                         **_client_tls(rig)) as client:
             info = client.info("replication")
         linked = info.get("role") == "master" and int(info.get("connected_slaves", 0)) >= 1
         return linked and info.get("slave0", {}).get("state") == "online" and _replica_seen(rig)

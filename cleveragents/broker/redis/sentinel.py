@@ -22,15 +22,18 @@ Written for kombu 5.7's ``SentinelChannel`` (``broker/internals.py``, ``redis-tr
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
 from kombu.transport import redis as kombu_redis
+from redis.connection import SSLConnection
 from redis.sentinel import Sentinel
 
 from cleveragents.broker.redis.sentinel_follow import follow, sentinel_kwargs
 from cleveragents.broker.redis.transport import Channel, Transport
+from cleveragents.broker.url_tls import sentinel_tls
 
 __all__ = ["SentinelChannel", "SentinelTransport", "sentinel_addresses", "sentinel_client"]
 
@@ -46,16 +49,20 @@ def sentinel_addresses(urls: list[str], default_port: int = SENTINEL_PORT) -> li
             scheme, _, rest = part.strip().partition("://")
             if scheme.lower() != "sentinel" or not rest:
                 continue
-            netloc = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+            netloc = re.split("[/?]", rest, maxsplit=1)[0].rsplit("@", 1)[-1]
             host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "")
             found.append((host or "127.0.0.1", int(port) if port else default_port))
     return found
 
 
-def sentinel_client(url: str, master: str, **options: Any) -> redis.Redis:
+def sentinel_client(
+    url: str, master: str, setting: str = "CLEVERAGENTS_RESULT_BACKEND", **options: Any
+) -> redis.Redis:
     """A client of the primary that the Sentinels of ``url`` monitor as ``master``: each
     of its connections asks them where the primary is now. The password and database
-    are the first URL's (Celery's and kombu's reading); ``options`` go to redis-py."""
+    are the first URL's (Celery's and kombu's reading), TLS the URLs' (``url_tls.py``,
+    errors naming ``setting``); ``options`` go to redis-py."""
+    url, tls = sentinel_tls(url, setting)
     first = urlsplit(url.split(";", 1)[0].strip())
     path = first.path.strip("/")
     params: dict[str, Any] = {"db": int(path) if path.isdigit() else 0, **options}
@@ -63,7 +70,9 @@ def sentinel_client(url: str, master: str, **options: Any) -> redis.Redis:
         params["password"] = unquote(first.password)
     if first.username:
         params["username"] = unquote(first.username)
-    sentinels = Sentinel(sentinel_addresses([url]), sentinel_kwargs=sentinel_kwargs())
+    if tls:
+        params.update(ssl=True, **tls)
+    sentinels = Sentinel(sentinel_addresses([url]), sentinel_kwargs=sentinel_kwargs(tls))
     credentials = {k: params.pop(k) for k in ("username", "password") if k in params}
     client: redis.Redis = sentinels.master_for(master, redis.Redis, **credentials, **params)
     follow(client.connection_pool)
@@ -91,6 +100,8 @@ class SentinelChannel(kombu_redis.SentinelChannel, Channel):  # type: ignore[mis
         """A client of its own for the heartbeat, on the primary the Sentinels name now."""
         params: dict[str, Any] = self._connparams()  # type: ignore[attr-defined]
         seconds = min(max(self.recovery_timing.beat_s, 1.0), 10.0)
+        # TLS as the channel's (kombu puts broker_use_ssl's ssl_* into its parameters).
+        params["ssl"] = issubclass(params.get("connection_class", object), SSLConnection)
         for name in ("host", "port", "connection_class", "max_connections"):
             params.pop(name, None)
         # A beat that hangs must fail before the next is due, and never retry in place.

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -64,11 +65,13 @@ Address = tuple[str, int]
 log = logging.getLogger(__name__)
 
 
-def sentinel_kwargs() -> dict[str, Any]:
+def sentinel_kwargs(tls: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """redis-py's ``sentinel_kwargs`` for the fleet's pools: short time-outs (Celery's
     result backend passed none, so a lost Sentinel's host held a reconnection for the
-    kernel's two minutes of SYN retries)."""
-    return {"socket_timeout": SENTINEL_TIMEOUT_S, "socket_connect_timeout": SENTINEL_TIMEOUT_S}
+    kernel's two minutes of SYN retries), and ``tls``, a ``sentinel://`` URL's TLS
+    options (``broker/url_tls.py``), for the Sentinels too."""
+    given = {"socket_timeout": SENTINEL_TIMEOUT_S, "socket_connect_timeout": SENTINEL_TIMEOUT_S}
+    return {**given, "ssl": True, **tls} if tls else given
 
 
 def follow(pool: Any) -> Any:
