@@ -29,10 +29,12 @@ RECOVERY_S = 4.0
 TIMEOUT_S = 3.0
 #: Slack over a bound, for a machine of 2 busy cores.
 SLACK_S = 6.0
-#: Slack over a drain's bound: the caught work (a batch's chunks, 50 to 60 lines) is
-#: served by the host left, on two cores shared with two other test processes in CI
-#: (a lost host's drain took 50.3 s there against a bound of 37 s before slack).
-DRAIN_SLACK_S = 15.0
+#: Slack over a drain's bound: the caught work (a batch's chunks, 50 to 80 lines) is
+#: served by the host left, whose pool processes wait on the caught writes' claims
+#: first, on two cores shared with two other test processes in CI (a lost host's drain
+#: took 50.3 s there against a bound of 37 s before slack, and 52.1 s in a clean-clone
+#: CI run with a Sentinel test running beside it).
+DRAIN_SLACK_S = 20.0
 
 
 @pytest.fixture(scope="module")

@@ -184,8 +184,8 @@ class Fleet:
             for key, pid, _ in self.records.lines()
         ))
         record.caught = len(caught)
-        # A fault that takes the store away probes once it is gone (``action.lost``): a
-        # probe sent before would be served at once, and one sent after waits for the store
+        # A fault that sets ``action.lost`` is probed once it is in place: a probe sent
+        # before could be served before the fault, or taken by the host it hits
         lost: threading.Event | None = getattr(action, "lost", None)
         probe = None if lost is not None else self.probe()
         started = time.monotonic()
@@ -253,35 +253,66 @@ class Fleet:
                 tally.batches_broken += int(broken)
 
 
-def lose_host(host: Host) -> Callable[[], None]:
-    """The fault: ``host`` vanishes (link down, every process SIGKILLed)."""
-    return host.lose
+class HostFault:
+    """A fault on one host, as an action for ``Fleet.fault``: ``lost`` is set once the
+    fault is in place, and the probe (a *new* invocation) goes then: one sent before
+    could be taken by the host just before it went, and be caught work instead."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.lost = threading.Event()
+
+    def __call__(self) -> None:
+        raise NotImplementedError
 
 
-def partition_host(host: Host, seconds: float) -> Callable[[], None]:
-    """The fault: ``host`` cut off for ``seconds``, then healed."""
+class _Loss(HostFault):
+    def __call__(self) -> None:
+        self.host.lose()
+        self.lost.set()
 
-    def partition() -> None:
-        host.partition()
+
+class _Partition(HostFault):
+    def __init__(self, host: Host, seconds: float) -> None:
+        super().__init__(host)
+        self.seconds = seconds
+
+    def __call__(self) -> None:
+        self.host.partition()
+        self.lost.set()
         try:
-            time.sleep(seconds)  # the partition's length is the fault itself
+            time.sleep(self.seconds)  # the partition's length is the fault itself
         finally:
-            host.heal()
-
-    return partition
+            self.host.heal()
 
 
-def lose_and_restart(host: Host, down_s: float, restart: Callable[[], None]) -> Callable[[], None]:
+class _Reboot(HostFault):
+    def __init__(self, host: Host, down_s: float, restart: Callable[[], None]) -> None:
+        super().__init__(host)
+        self.down_s, self.restart = down_s, restart
+
+    def __call__(self) -> None:
+        self.host.lose()
+        self.lost.set()
+        time.sleep(self.down_s)  # how long the machine is away is the fault itself
+        self.host.revive()
+        self.restart()
+
+
+def lose_host(host: Host) -> HostFault:
+    """The fault: ``host`` vanishes (link down, every process SIGKILLed)."""
+    return _Loss(host)
+
+
+def partition_host(host: Host, seconds: float) -> HostFault:
+    """The fault: ``host`` cut off for ``seconds``, then healed."""
+    return _Partition(host, seconds)
+
+
+def lose_and_restart(host: Host, down_s: float, restart: Callable[[], None]) -> HostFault:
     """The fault: ``host`` vanishes for ``down_s`` seconds, then boots and ``restart``s its
     servers (a Redis on its append-only file, a RabbitMQ node that rejoins its cluster)."""
-
-    def reboot() -> None:
-        host.lose()
-        time.sleep(down_s)  # how long the machine is away is the fault itself
-        host.revive()
-        restart()
-
-    return reboot
+    return _Reboot(host, down_s, restart)
 
 
 class PrimaryLoss:
