@@ -107,6 +107,9 @@ HARD_LIMIT_GRACE_S = 5.0
 #: and asks again (a broker such as RabbitMQ ends a consumer that holds a message past
 #: its timeout, 30 min by default).
 MAX_LIMIT_WAIT_S = 60.0
+#: Seconds before a delivery sent back to wait for its write's first run, which may
+#: still go on elsewhere, asks again (``cleveragents/pipeline/guard.py``).
+FIRST_RUN_POLL_S = 1.0
 #: Message header with the time (epoch seconds) a producer sent an invocation.
 SENT_AT_HEADER = "cleveragents_sent_at"
 #: Message header of a batch chunk: its batch id and item numbers (``wire.ChunkContext``).

@@ -86,6 +86,9 @@ class Outcome:
     result: SkillResult | None = None
     #: ``wait`` and ``retry``: how long before it is sent again (seconds).
     delay_s: float = 0.0
+    #: ``wait``: for its write's first run, which may still go on (else: for its
+    #: tool's limits).
+    first_run: bool = False
     #: ``ran``: the result is another run's write (that run counted and logged it).
     elsewhere: bool = False
     #: ``answered``: the result was stored already (nothing to store).

@@ -12,7 +12,9 @@ small records per request id in its ``GuardStore`` (``cleveragents.stores``):
   non-idempotent tool starts: a second delivery that finds it does not run the
   tool. It waits for the first run's result while that run may still be going
   (its owner is alive and within its deadline), and otherwise reports that the
-  write may or may not have happened.
+  write may or may not have happened. Where its carrier can send it back, it does
+  not wait in the process (``FirstRunGoesOn``): a host left with the caught writes
+  of a lost or cut-off one would otherwise serve nothing new until they end.
 
 One delivery is one ``Delivery``, a context around the run::
 
@@ -26,6 +28,7 @@ import time
 from types import TracebackType
 from typing import Any
 
+from cleveragents.constants import FIRST_RUN_POLL_S
 from cleveragents.errors import SkillErrorType, ToolExecutionError
 from cleveragents.messages import result_payload
 from cleveragents.runtime.outcomes import (
@@ -40,9 +43,11 @@ from cleveragents.stores import Claim, GuardStore
 
 __all__ = [
     "CLAIM_GRACE_S",
+    "FIRST_RUN_POLL_S",
     "MAX_ATTEMPTS",
     "Claim",
     "Delivery",
+    "FirstRunGoesOn",
     "Guard",
     "WriteAlreadyClaimed",
     "interrupted_result",
@@ -64,6 +69,15 @@ class WriteAlreadyClaimed(ToolExecutionError):
             details={"reason": "write_already_started"},
         )
         self.claim = claim
+
+
+class FirstRunGoesOn(Exception):
+    """Raised instead of waiting in the process for a write's first run that may still
+    go on: the delivery goes back to the broker and asks again in ``delay_s``."""
+
+    def __init__(self, delay_s: float = FIRST_RUN_POLL_S) -> None:
+        super().__init__(f"the first run of this write goes on: asks again in {delay_s:g} s")
+        self.delay_s = delay_s
 
 
 def poison_result(body: Any, attempts: int) -> SkillResult:
@@ -110,13 +124,18 @@ class Guard:
         redelivered: bool,
         chunk_item: bool = False,
         resent: str = "",
+        may_send_back: bool = False,
     ) -> Delivery:
         """One delivery of ``request_id``; use it as a context around the run.
 
-        A message sent back under the id (``resent``: a retry, a wait for a limit) is
-        counted on its own where every delivery is counted: a retry is not a redelivery.
+        A message sent back under the id (``resent``: a retry, a wait) is counted on its
+        own where every delivery is counted: a retry is not a redelivery. With
+        ``may_send_back`` a wait for a write's first run raises ``FirstRunGoesOn``.
         """
-        delivery = Delivery(self, request_id, body, redelivered=redelivered, chunk_item=chunk_item)
+        delivery = Delivery(
+            self, request_id, body, redelivered=redelivered, chunk_item=chunk_item,
+            resent=resent, may_send_back=may_send_back,
+        )  # fmt: skip
         if resent:
             delivery.count_as = f"{request_id}#{resent}"
         return delivery
@@ -182,10 +201,22 @@ class Delivery:
     """
 
     def __init__(
-        self, guard: Guard, request_id: str, body: Any, *, redelivered: bool, chunk_item: bool
+        self,
+        guard: Guard,
+        request_id: str,
+        body: Any,
+        *,
+        redelivered: bool,
+        chunk_item: bool,
+        resent: str = "",
+        may_send_back: bool = False,
     ) -> None:
         self.guard = guard
         self.request_id = request_id
+        #: Sent back under its id before (a retry, a wait): it looks for a running claim.
+        self.resent = resent
+        #: Its carrier can send it back: a wait for the first run raises ``FirstRunGoesOn``.
+        self.may_send_back = may_send_back
         #: What its deliveries are counted under (its id; a resent message: its own).
         self.count_as = request_id
         self.body = body
@@ -214,14 +245,14 @@ class Delivery:
 
     def _admit(self) -> SkillResult | None:
         guard, request_id = self.guard, self.request_id
+        claim = guard.store.read_claim(request_id) if self.redelivered or self.resent else None
+        if claim is not None and claim.running():
+            # Handed out again while its first run is alive (its worker lost, cut off, or
+            # a tool that outlives the visibility timeout), or sent back to wait for it:
+            # not a sign of poison. Wait for that run instead.
+            return self._first_run(claim)
         if not guard.counts(redelivered=self.redelivered, chunk_item=self.chunk_item):
             return None
-        claim = guard.store.read_claim(request_id) if self.redelivered else None
-        if claim is not None and claim.running():
-            # Handed out again while its first run is alive (a tool that outlives the
-            # visibility timeout): not a sign of poison. Wait for that run instead.
-            result, self.elsewhere = guard.await_first_run(request_id, self.body, claim)
-            return result
         deliveries = guard.deliveries(self.count_as)
         if deliveries <= MAX_ATTEMPTS:
             return None
@@ -250,8 +281,17 @@ class Delivery:
             self.guard.store.finish(self.request_id, result_payload(result, self.request_id))
             return result
         if self._held is not None:
-            result, self.elsewhere = self.guard.await_first_run(
-                self.request_id, self.body, self._held
-            )
-            return result
+            return self._first_run(self._held)
+        return result
+
+    def _first_run(self, claim: Claim) -> SkillResult:
+        """The result of the write's first run, which holds ``claim``.
+
+        Raises:
+            FirstRunGoesOn: that run may still go on, and this delivery can be sent back
+                to ask again: no pool process waits for another machine's run.
+        """
+        if self.may_send_back and claim.running():
+            raise FirstRunGoesOn()
+        result, self.elsewhere = self.guard.await_first_run(self.request_id, self.body, claim)
         return result

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from cleveragents.pipeline.delivery import (
     Delivery,
     Outcome,
 )
-from cleveragents.pipeline.guard import Guard
+from cleveragents.pipeline.guard import FirstRunGoesOn, Guard
 from cleveragents.pipeline.quotas import take_limits
 from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
@@ -278,9 +279,12 @@ class Pipeline:
                 asked_by=delivery.asked_by,
                 trace=delivery.trace,
                 found=looked,
+                may_send_back=delivery.may_send_back,
             )
         except AwaitingApproval as parked:  # no process waits: a decision sends it again
             return Outcome(PARKED, resolution=parked.resolution, found=found)
+        except FirstRunGoesOn as going:  # no process waits for another machine's run
+            return Outcome(WAIT, delay_s=going.delay_s, found=found, first_run=True)
         finally:
             for permit in permits:
                 permit.release()
@@ -326,6 +330,7 @@ class Pipeline:
         asked_by: str | None = None,
         trace: Mapping[str, str] | None = None,
         found: ToolPolicies | Exception | None = None,
+        may_send_back: bool = False,
     ) -> Delivered:
         """Run one delivery under the guard: counted, its write claimed, perhaps not run at
         all; and whether the result is another run's (a write that run finished, which
@@ -333,10 +338,12 @@ class Pipeline:
 
         Raises:
             AwaitingApproval: its tool needs a person's approval; it is parked.
+            FirstRunGoesOn: with ``may_send_back``, its write's first run may still go on.
         """
         with self.guard.delivery(
-            request_id, body, redelivered=redelivered, chunk_item=chunk_item, resent=resent
-        ) as delivery:
+            request_id, body, redelivered=redelivered, chunk_item=chunk_item, resent=resent,
+            may_send_back=may_send_back,
+        ) as delivery:  # fmt: skip
             if delivery.settled is not None:
                 return Delivered(delivery.settled, delivery.elsewhere)
             first = not (redelivered or resent)
@@ -366,14 +373,21 @@ def execute(pipeline: Pipeline, body: Any, *, request_id: str, redelivered: bool
     ``request_id`` is the message's task id: the guard counts and claims under it.
     A message without one (not our producer's) runs unguarded: there is no id to
     store its result under anyway. The path a worker's task runs (``deliver``), with
-    no carrier to send it back: a delivery that would wait or retry raises
-    ``DeliveryNotRun``, one that parks ``AwaitingApproval``.
+    no carrier to send it back: a delivery that would wait for its tool's limits or
+    retry raises ``DeliveryNotRun``, one that parks ``AwaitingApproval``; one that
+    waits for its write's first run asks again after the delay, in this process.
     """
     if not request_id:
         result = pipeline.run(body)
         pipeline.observe(request_id, result)
         return result
     outcome = pipeline.deliver(Delivery(body, request_id, redelivered=redelivered))
+    waits = 0
+    while outcome.kind == WAIT and outcome.first_run:
+        waits += 1
+        time.sleep(outcome.delay_s)  # as the broker would hold it for a carrier
+        resent = Delivery(body, request_id, redelivered=False, resent=f"first-run-{waits}")
+        outcome = pipeline.deliver(resent)
     if outcome.kind == PARKED and outcome.resolution is not None:
         raise AwaitingApproval(outcome.resolution)
     if outcome.result is None or outcome.kind in (WAIT, RETRY):

@@ -111,7 +111,8 @@ def _requeue(
 
 def _defer(task: Task[Any, Any], body: Any, request_id: str, delay_s: float, retry: bool) -> None:
     """Send one line back on its own, as a ``skills.invoke`` under its id: its retry
-    (attempt 2), or the same attempt after a wait for its tool's limits."""
+    (attempt 2), or the same attempt after a wait (for its tool's limits, or for its
+    write's first run, which may still go on elsewhere)."""
     queue = (task.request.delivery_info or {}).get("routing_key") or QUEUE_BATCH
     task.app.send_task(
         TASK_INVOKE,

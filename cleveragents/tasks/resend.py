@@ -23,7 +23,7 @@ from typing import Any
 
 from celery import Task
 
-from cleveragents.constants import MAX_LIMIT_WAIT_S
+from cleveragents.constants import FIRST_RUN_POLL_S, MAX_LIMIT_WAIT_S
 from cleveragents.messages import redacted_repr
 from cleveragents.skills.model import ToolSpec
 from cleveragents.tasks.events import EVENTS_FIELD
@@ -129,8 +129,9 @@ def _shown(args: Any) -> str:
 
 def eta_allowed_s(tool: ToolSpec | None, skill_limited: bool, headers: dict[str, Any]) -> float:
     """The longest delay a message with ``headers`` may carry for ``tool``: 0 unless it
-    was sent back as a retry of a tool with a ``retry`` policy, or to wait for a limit of
-    a limited tool (``skill_limited``: its skill has limits)."""
+    was sent back as a retry of a tool with a ``retry`` policy, to wait for a limit of
+    a limited tool (``skill_limited``: its skill has limits), or to wait for the first
+    run of a write that takes a claim (``pipeline/guard.py``)."""
     if tool is None:
         return 0.0
     longest = 0.0
@@ -138,4 +139,6 @@ def eta_allowed_s(tool: ToolSpec | None, skill_limited: bool, headers: dict[str,
         longest = tool.retry.longest_delay_s
     if _count(headers.get(WAITS_HEADER)) and (tool.limits or skill_limited):
         longest = max(longest, MAX_LIMIT_WAIT_S)
+    if _count(headers.get(WAITS_HEADER)) and tool.write_capable and not tool.idempotent:
+        longest = max(longest, FIRST_RUN_POLL_S)
     return longest

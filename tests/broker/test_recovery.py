@@ -39,7 +39,7 @@ from cleveragents.broker.celery_settings import (
 from cleveragents.broker.redis.fetch import FETCH_LUA, door_key, fetch_command
 from cleveragents.broker.redis.liveness import Heartbeat, RecoveryTiming, alive_key
 from cleveragents.broker.redis.transport import Channel, QoS
-from cleveragents.constants import HELD_KEY, REAPER_KEY
+from cleveragents.constants import FIRST_RUN_POLL_S, HELD_KEY, REAPER_KEY
 from cleveragents.errors import ConfigurationError
 from cleveragents.settings import Settings
 from cleveragents.skills import SkillErrorType
@@ -451,8 +451,9 @@ def test_a_write_of_a_worker_that_only_looked_dead_still_runs_once(tmp_path: Pat
     # it stops beating, as when it is cut off from Redis
     with rig(tmp_path / "rig", visibility_s=LONG_VISIBILITY_S, recovery_s=3.0) as made:
         seen = scenario_frozen_worker(made, sleep_s=12.0, frozen_s=11.0)
-    # Then its message was handed to the second worker, which waited for the first run
-    assert seen["deliveries"] == 2, seen
+    # Then its message was handed to the second worker, which waited for the first run,
+    # asking again about once a second without holding a process (at most the 12 s run)
+    assert 2 <= seen["deliveries"] <= 2 + 12.0 / FIRST_RUN_POLL_S + 2, seen
     assert seen["runs"] == 1, seen
     assert seen["result"].success, seen
     assert seen["final"] == seen["result"]

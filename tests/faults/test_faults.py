@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from cleveragents.constants import FIRST_RUN_POLL_S
 from cleveragents.pipeline.guard import MAX_ATTEMPTS
 from cleveragents.skills import SkillErrorType
 from tests.support.fault_rig import (
@@ -218,7 +219,9 @@ def test_an_invocation_whose_fetch_reply_is_lost_still_gets_a_result(fault_rig: 
 def test_a_write_submitted_twice_while_it_runs_is_executed_once(fault_rig: Rig) -> None:
     seen = scenario_duplicate_submission(fault_rig, copies=2, sleep_s=3.0, concurrency=2)
 
-    assert seen["deliveries"] == 2  # the second copy was delivered, while the first ran
+    # The second copy was delivered while the first ran, and sent back to ask again about
+    # once a second until the first run's result was stored (no process waited for it)
+    assert 2 <= seen["deliveries"] <= 2 + 3.0 / FIRST_RUN_POLL_S + 2, seen
     assert seen["runs"] == 1
     assert seen["first_seen"].success, seen
     assert seen["final"] == seen["first_seen"]
