@@ -453,7 +453,7 @@ def test_a_write_of_a_worker_that_only_looked_dead_still_runs_once(tmp_path: Pat
         seen = scenario_frozen_worker(made, sleep_s=12.0, frozen_s=11.0)
     # Then its message was handed to the second worker, which waited for the first run,
     # asking again about once a second without holding a process (at most the 12 s run)
-    assert 2 <= seen["deliveries"] <= 2 + 12.0 / FIRST_RUN_POLL_S + 2, seen
+    assert 2 <= seen["deliveries"] <= 2 + 12.0 / FIRST_RUN_POLL_S + 4, seen  # 4: a busy machine
     assert seen["runs"] == 1, seen
     assert seen["result"].success, seen
     assert seen["final"] == seen["result"]

@@ -221,7 +221,7 @@ def test_a_write_submitted_twice_while_it_runs_is_executed_once(fault_rig: Rig) 
 
     # The second copy was delivered while the first ran, and sent back to ask again about
     # once a second until the first run's result was stored (no process waited for it)
-    assert 2 <= seen["deliveries"] <= 2 + 3.0 / FIRST_RUN_POLL_S + 2, seen
+    assert 2 <= seen["deliveries"] <= 2 + 3.0 / FIRST_RUN_POLL_S + 4, seen  # 4: a busy machine
     assert seen["runs"] == 1
     assert seen["first_seen"].success, seen
     assert seen["final"] == seen["first_seen"]
