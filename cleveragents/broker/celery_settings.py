@@ -159,8 +159,8 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
     _known_schemes(settings)
     # An amqps:// or sentinel:// URL's TLS parameters are Celery's settings (broker/url_tls.py).
     broker_url, tls = amqps_tls(settings.broker_url or "")
-    broker_url, sentinel_tls_options = sentinel_tls(broker_url, "CLEVERAGENTS_BROKER_URL")
-    tls = tls or sentinel_tls_options
+    broker_url, sentinel_options = sentinel_tls(broker_url, "CLEVERAGENTS_BROKER_URL")
+    tls = tls or sentinel_options
     backend, backend_tls = sentinel_tls(
         settings.result_backend or _default_backend(settings), "CLEVERAGENTS_RESULT_BACKEND"
     )
@@ -170,7 +170,7 @@ def _server(settings: Settings, producer: bool) -> dict[str, Any]:
         "result_backend": reader_result_backend(backend),
         **({"redis_backend_use_ssl": backend_tls} if backend_tls else {}),
         **_backend_options(settings, backend, backend_tls),
-        **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer)),
+        **(_amqp(settings) if uses_amqp(settings) else _redis(settings, producer, tls)),
         # Flower and `celery events` show every invocation: events on, and a
         # "sent" event so a waiting invocation is visible before a worker takes it.
         "worker_send_task_events": True,
@@ -217,12 +217,12 @@ def _amqp(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _redis(settings: Settings, producer: bool) -> dict[str, Any]:
+def _redis(settings: Settings, producer: bool, tls: dict[str, Any] | None = None) -> dict[str, Any]:
     options = {"broker_transport_options": _redis_transport_options(settings, producer)}
     url = settings.broker_url or ""
     scheme = url.partition("://")[0].lower()
     if scheme in SENTINEL_SCHEMES:  # kombu's Sentinel channel finds the primary by name
-        _, tls = sentinel_tls(url, "CLEVERAGENTS_BROKER_URL")
+        # (``tls``: the URL's TLS options, for the Sentinels as for the servers)
         options["broker_transport_options"].update(
             master_name=settings.sentinel_master, sentinel_kwargs=sentinel_kwargs(tls)
         )

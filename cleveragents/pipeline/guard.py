@@ -73,11 +73,7 @@ class WriteAlreadyClaimed(ToolExecutionError):
 
 class FirstRunGoesOn(Exception):
     """Raised instead of waiting in the process for a write's first run that may still
-    go on: the delivery goes back to the broker and asks again in ``delay_s``."""
-
-    def __init__(self, delay_s: float = FIRST_RUN_POLL_S) -> None:
-        super().__init__(f"the first run of this write goes on: asks again in {delay_s:g} s")
-        self.delay_s = delay_s
+    go on: the delivery goes back to the broker and asks again in ``FIRST_RUN_POLL_S``."""
 
 
 def poison_result(body: Any, attempts: int) -> SkillResult:

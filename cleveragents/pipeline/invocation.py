@@ -33,7 +33,7 @@ from cleveragents.pipeline.delivery import (
     Delivery,
     Outcome,
 )
-from cleveragents.pipeline.guard import FirstRunGoesOn, Guard
+from cleveragents.pipeline.guard import FIRST_RUN_POLL_S, FirstRunGoesOn, Guard
 from cleveragents.pipeline.quotas import take_limits
 from cleveragents.pipeline.retries import retried, retry_delay_s, with_attempts
 from cleveragents.runtime import DEFAULT_TIMEOUT_S
@@ -283,8 +283,8 @@ class Pipeline:
             )
         except AwaitingApproval as parked:  # no process waits: a decision sends it again
             return Outcome(PARKED, resolution=parked.resolution, found=found)
-        except FirstRunGoesOn as going:  # no process waits for another machine's run
-            return Outcome(WAIT, delay_s=going.delay_s, found=found, first_run=True)
+        except FirstRunGoesOn:  # no process waits for another machine's run
+            return Outcome(WAIT, delay_s=FIRST_RUN_POLL_S, found=found, first_run=True)
         finally:
             for permit in permits:
                 permit.release()

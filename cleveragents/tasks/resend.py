@@ -25,6 +25,7 @@ from celery import Task
 
 from cleveragents.constants import FIRST_RUN_POLL_S, MAX_LIMIT_WAIT_S
 from cleveragents.messages import redacted_repr
+from cleveragents.runtime.invoke import claims_write
 from cleveragents.skills.model import ToolSpec
 from cleveragents.tasks.events import EVENTS_FIELD
 from cleveragents.traces.carriers import TRACE_HEADERS, carrier_of
@@ -139,6 +140,6 @@ def eta_allowed_s(tool: ToolSpec | None, skill_limited: bool, headers: dict[str,
         longest = tool.retry.longest_delay_s
     if _count(headers.get(WAITS_HEADER)) and (tool.limits or skill_limited):
         longest = max(longest, MAX_LIMIT_WAIT_S)
-    if _count(headers.get(WAITS_HEADER)) and tool.write_capable and not tool.idempotent:
+    if _count(headers.get(WAITS_HEADER)) and claims_write(tool):
         longest = max(longest, FIRST_RUN_POLL_S)
     return longest

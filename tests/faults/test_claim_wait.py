@@ -23,7 +23,7 @@ from cleveragents.client import SkillClient
 from cleveragents.constants import FIRST_RUN_POLL_S
 from cleveragents.stores import Claim
 from cleveragents.stores.redis import RedisGuardStore
-from tests.support.procs import Worker
+from tests.support.procs import Worker, wait_until
 from tests.support.worker_runs import received_in
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,7 +46,7 @@ def test_a_read_is_served_while_a_write_waits_for_its_first_run_elsewhere(
     # When it is delivered to a worker of one pool process, and a read is sent after it
     write = client.submit(SKILL, WRITE, {"path": str(ledger), "key": "w-far"},
                           allow_writes=True, request_id="w-far")
-    time.sleep(1.0)  # the write is taken first
+    wait_until(lambda: received_in(worker.log_text(), "w-far") >= 1, 30, "the write taken")
     sent = time.monotonic()
     read = client.submit(SKILL, READ, {"path": str(tmp_path / "reads"), "key": "r"})
     # Then the read is served at once: no process waits on the other machine's run

@@ -254,65 +254,48 @@ class Fleet:
 
 
 class HostFault:
-    """A fault on one host, as an action for ``Fleet.fault``: ``lost`` is set once the
-    fault is in place, and the probe (a *new* invocation) goes then: one sent before
-    could be taken by the host just before it went, and be caught work instead."""
+    """A fault on one host, as an action for ``Fleet.fault``: ``start`` puts it in place,
+    ``lost`` is then set and the probe (a *new* invocation) goes (one sent before could
+    be taken by the host just before it went, and be caught work instead); ``after`` is
+    the rest of the fault (its length, the host's return)."""
 
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    def __init__(self, start: Callable[[], None], after: Callable[[], None] = lambda: None):
+        self.start, self.after = start, after
         self.lost = threading.Event()
 
     def __call__(self) -> None:
-        raise NotImplementedError
-
-
-class _Loss(HostFault):
-    def __call__(self) -> None:
-        self.host.lose()
+        self.start()
         self.lost.set()
-
-
-class _Partition(HostFault):
-    def __init__(self, host: Host, seconds: float) -> None:
-        super().__init__(host)
-        self.seconds = seconds
-
-    def __call__(self) -> None:
-        self.host.partition()
-        self.lost.set()
-        try:
-            time.sleep(self.seconds)  # the partition's length is the fault itself
-        finally:
-            self.host.heal()
-
-
-class _Reboot(HostFault):
-    def __init__(self, host: Host, down_s: float, restart: Callable[[], None]) -> None:
-        super().__init__(host)
-        self.down_s, self.restart = down_s, restart
-
-    def __call__(self) -> None:
-        self.host.lose()
-        self.lost.set()
-        time.sleep(self.down_s)  # how long the machine is away is the fault itself
-        self.host.revive()
-        self.restart()
+        self.after()
 
 
 def lose_host(host: Host) -> HostFault:
     """The fault: ``host`` vanishes (link down, every process SIGKILLed)."""
-    return _Loss(host)
+    return HostFault(host.lose)
 
 
 def partition_host(host: Host, seconds: float) -> HostFault:
     """The fault: ``host`` cut off for ``seconds``, then healed."""
-    return _Partition(host, seconds)
+
+    def heal_after() -> None:
+        try:
+            time.sleep(seconds)  # the partition's length is the fault itself
+        finally:
+            host.heal()
+
+    return HostFault(host.partition, heal_after)
 
 
 def lose_and_restart(host: Host, down_s: float, restart: Callable[[], None]) -> HostFault:
     """The fault: ``host`` vanishes for ``down_s`` seconds, then boots and ``restart``s its
     servers (a Redis on its append-only file, a RabbitMQ node that rejoins its cluster)."""
-    return _Reboot(host, down_s, restart)
+
+    def boot_after() -> None:
+        time.sleep(down_s)  # how long the machine is away is the fault itself
+        host.revive()
+        restart()
+
+    return HostFault(host.lose, boot_after)
 
 
 class PrimaryLoss:
